@@ -1,0 +1,101 @@
+"""Structured configs: the dataclasses that validate every YAML file and override.
+
+A misspelt key or a value of the wrong type fails when the config is composed,
+before any data is read. ``check_config`` adds the checks a type cannot express.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from .data import DataConfig
+from .errors import PosbenchError
+from .model import ModelConfig
+from .positional import ENCODINGS, build_encoding
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 10000
+    batch_size: int = 16
+    lr: float = 1e-3
+    #: Cosine decay ends at lr * min_lr_ratio.
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 500
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    #: Validation loss every N steps (and at the last step); the best model is kept.
+    eval_every: int = 500
+    #: Cap on validation tokens per periodic check (``null``: the whole split).
+    val_tokens: Optional[int] = None
+    log_every: int = 10
+
+
+@dataclass
+class EvalConfig:
+    splits: List[str] = field(default_factory=lambda: ["valid", "test"])
+    #: ``nonoverlapping``: windows of eval_len side by side (the ALiBi paper's protocol).
+    mode: str = "nonoverlapping"
+    #: Tokens per forward pass; windows are batched up to this many.
+    batch_tokens: int = 16384
+    #: Score only the first N tokens of each split (``null``: all). For smoke tests.
+    max_tokens: Optional[int] = None
+
+
+@dataclass
+class Config:
+    encoding: Any = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    #: Sequence length seen in training.
+    train_len: int = 256
+    #: Evaluation lengths; ``null`` means train_len x 1, 2, 4, 8, 16.
+    eval_lens: Optional[List[int]] = None
+    seed: int = 0
+    #: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
+    device: str = "auto"
+    #: Show full tracebacks instead of one-line errors.
+    debug: bool = False
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=Config)
+    for name, (config_cls, _) in ENCODINGS.items():
+        cs.store(group="schema/encoding", name=name, node=config_cls)
+
+
+def eval_lens_of(cfg) -> list[int]:
+    return list(cfg.eval_lens) if cfg.eval_lens else [cfg.train_len * m for m in (1, 2, 4, 8, 16)]
+
+
+def check_config(cfg) -> None:
+    """Raise PosbenchError for what the schema's types cannot catch."""
+    lengths = {"train_len": [cfg.train_len], "eval_lens": eval_lens_of(cfg)}
+    for key, values in lengths.items():
+        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+            raise PosbenchError(f"{key} must hold positive integers, got {values if key == 'eval_lens' else values[0]}")
+    m = cfg.model
+    for key in ("n_layers", "d_model", "n_heads", "d_ff"):
+        if m[key] < 1:
+            raise PosbenchError(f"model.{key} must be positive, got {m[key]}")
+    if m.d_model % m.n_heads:
+        raise PosbenchError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    if cfg.eval.mode != "nonoverlapping":
+        raise PosbenchError(f"eval.mode must be 'nonoverlapping', got {cfg.eval.mode!r}")
+    unknown = set(cfg.eval.splits) - {"train", "valid", "test"}
+    if unknown:
+        raise PosbenchError(f"eval.splits may hold train, valid, test; got {sorted(unknown)}")
+    try:  # each encoding checks what it needs (e.g. an even head dimension for rotary)
+        build_encoding(cfg.encoding, n_heads=m.n_heads, head_dim=m.d_model // m.n_heads, d_model=m.d_model, train_len=cfg.train_len)
+    except (ValueError, TypeError) as e:
+        raise PosbenchError(f"encoding={cfg.encoding.name}: {e}") from None

@@ -1,0 +1,126 @@
+"""A pre-LayerNorm decoder-only Transformer LM whose position encoding is pluggable.
+
+The model talks to its encoding through three calls (see ``positional/base.py``):
+``embed`` on the token embeddings, ``rotate`` on q/k in every layer, and ``bias``
+turned once per forward pass into the attention mask that every layer shares.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import attend, causal_bias_mask
+from .positional import PositionEncoding, build_encoding
+
+
+@dataclass
+class ModelConfig:
+    name: str = "paper"
+    n_layers: int = 6
+    d_model: int = 256
+    n_heads: int = 8
+    d_ff: int = 512
+    dropout: float = 0.1
+    #: Share the token embedding with the output projection.
+    tie_weights: bool = True
+    #: Positions per chunk when computing the LM head and loss (bounds logits memory).
+    loss_chunk: int = 8192
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.dropout = cfg.n_heads, cfg.dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, encoding: PositionEncoding, mask: Tensor | None) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
+        q, k = encoding.rotate(q, k)
+        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = SelfAttention(cfg)
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
+        )
+
+    def forward(self, x: Tensor, encoding: PositionEncoding, mask: Tensor | None) -> Tensor:
+        x = x + self.attn(self.ln1(x), encoding, mask)
+        return x + self.mlp(self.ln2(x))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, encoding_cfg, vocab_size: int, train_len: int):
+        super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
+        self.cfg = cfg
+        self.encoding = build_encoding(
+            encoding_cfg, n_heads=cfg.n_heads, head_dim=cfg.d_model // cfg.n_heads, d_model=cfg.d_model, train_len=train_len
+        )
+        self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if cfg.tie_weights:
+            self.head.weight = self.tok_emb.weight
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+        self._mask_cache: dict[tuple, Tensor] = {}
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def attention_mask(self, seq_len: int, device: torch.device) -> Tensor | None:
+        """The shared (1, H, T, T) mask; cached per length when the encoding has nothing to learn."""
+        if not self.encoding.is_static:
+            return causal_bias_mask(self.encoding, seq_len, device)
+        key = (seq_len, device)
+        if key not in self._mask_cache:
+            self._mask_cache = {key: causal_bias_mask(self.encoding, seq_len, device)}  # keep one length
+        return self._mask_cache[key]
+
+    def forward(self, idx: Tensor) -> Tensor:
+        """idx (B, T) token ids -> final hidden states (B, T, D)."""
+        x = self.drop(self.encoding.embed(self.tok_emb(idx)))
+        mask = self.attention_mask(idx.shape[1], idx.device)
+        for block in self.blocks:
+            x = block(x, self.encoding, mask)
+        return self.ln_f(x)
+
+    def token_nll(self, idx: Tensor, targets: Tensor) -> Tensor:
+        """Per-token negative log-likelihood (B, T) of ``targets`` given ``idx``.
+
+        The LM head and log-softmax run over chunks of positions, so long sequences never
+        hold the full (B, T, vocab) logits at once.
+        """
+        h = self(idx)
+        chunk = max(1, self.cfg.loss_chunk // idx.shape[0])
+        nll = [
+            F.cross_entropy(self.head(h[:, s : s + chunk]).float().flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
+            for s in range(0, idx.shape[1], chunk)
+        ]  # flattened (N, V) logits: the (B, V, T) layout takes a slow path
+        return torch.cat([n.view(idx.shape[0], -1) for n in nll], dim=1)
