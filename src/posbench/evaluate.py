@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 from torch import Tensor
 
+from .config import eval_lens_of
+from .data import Corpus
 from .model import LanguageModel
 
 log = logging.getLogger(__name__)
+
+RESULT_COLUMNS = [
+    "encoding", "train_len", "eval_len", "split", "eval_mode", "tokens", "nll", "ppl",
+    "status", "reason", "seed", "params", "encoding_params", "run_dir",
+]  # fmt: skip
 
 
 @dataclass
@@ -56,3 +65,26 @@ def score_nonoverlapping(model: LanguageModel, tokens: Tensor, eval_len: int, ba
 def autocast(device):
     """bf16 autocast on CUDA; a no-op context on CPU (fp32 there)."""
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
+
+
+def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
+    """One row per (split, eval_len); lengths the encoding cannot serve are marked, not fatal."""
+    rows = []
+    base = dict(
+        encoding=cfg.encoding.name, train_len=cfg.train_len, eval_mode=cfg.eval.mode, seed=cfg.seed,
+        params=model.num_params(), encoding_params=sum(p.numel() for p in model.encoding.parameters()),
+        run_dir=str(run_dir),
+    )  # fmt: skip
+    for split in cfg.eval.splits:
+        tokens = corpus.splits[split][: cfg.eval.max_tokens]
+        for eval_len in eval_lens_of(cfg):
+            reason = model.encoding.unsupported_reason(eval_len)
+            if reason:
+                log.warning("eval_len %d skipped: %s", eval_len, reason)
+                rows.append(dict(base, split=split, eval_len=eval_len, tokens=len(tokens) - 1, status="unsupported", reason=reason))
+                continue
+            t0 = time.perf_counter()
+            score = score_nonoverlapping(model, tokens, eval_len, cfg.eval.batch_tokens, device)
+            log.info("%s eval_len=%d ppl=%.2f (%.1fs)", split, eval_len, score.ppl, time.perf_counter() - t0)
+            rows.append(dict(base, split=split, eval_len=eval_len, tokens=score.tokens, nll=score.nll, ppl=score.ppl, status="ok", reason=""))
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS)

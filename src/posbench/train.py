@@ -15,20 +15,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from .config import check_config, eval_lens_of
+from .checkpoint import CHECKPOINT, save_checkpoint
+from .config import check_config
 from .data import Corpus, load_corpus
-from .evaluate import autocast, score_nonoverlapping
+from .evaluate import autocast, evaluate_lengths, score_nonoverlapping
 from .errors import PosbenchError
-from .io import atomic_write, write_csv
+from .io import write_csv
 from .model import LanguageModel
 
 log = logging.getLogger(__name__)
-
-RESULT_COLUMNS = [
-    "encoding", "train_len", "eval_len", "split", "eval_mode", "tokens", "nll", "ppl",
-    "status", "reason", "seed", "params", "encoding_params", "run_dir",
-]  # fmt: skip
-
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -64,29 +59,6 @@ def sample_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, gen: torch
     x = torch.stack([tokens[s : s + seq_len] for s in starts])
     y = torch.stack([tokens[s + 1 : s + seq_len + 1] for s in starts])
     return x, y
-
-
-def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir: Path) -> pd.DataFrame:
-    """One row per (split, eval_len); lengths the encoding cannot serve are marked, not fatal."""
-    rows = []
-    base = dict(
-        encoding=cfg.encoding.name, train_len=cfg.train_len, eval_mode=cfg.eval.mode, seed=cfg.seed,
-        params=model.num_params(), encoding_params=sum(p.numel() for p in model.encoding.parameters()),
-        run_dir=str(run_dir),
-    )  # fmt: skip
-    for split in cfg.eval.splits:
-        tokens = corpus.splits[split][: cfg.eval.max_tokens]
-        for eval_len in eval_lens_of(cfg):
-            reason = model.encoding.unsupported_reason(eval_len)
-            if reason:
-                log.warning("eval_len %d skipped: %s", eval_len, reason)
-                rows.append(dict(base, split=split, eval_len=eval_len, tokens=len(tokens) - 1, status="unsupported", reason=reason))
-                continue
-            t0 = time.perf_counter()
-            score = score_nonoverlapping(model, tokens, eval_len, cfg.eval.batch_tokens, device)
-            log.info("%s eval_len=%d ppl=%.2f (%.1fs)", split, eval_len, score.ppl, time.perf_counter() - t0)
-            rows.append(dict(base, split=split, eval_len=eval_len, tokens=score.tokens, nll=score.nll, ppl=score.ppl, status="ok", reason=""))
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
 
 
 def train(cfg: DictConfig, run_dir: Path) -> dict:
@@ -130,7 +102,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             val_loss = score_nonoverlapping(model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, device).nll
             if val_loss < best_val:
                 best_val, best_state = val_loss, copy.deepcopy(model.state_dict())
-                save_checkpoint(run_dir / "checkpoint.pt", model, cfg, corpus, step + 1, best_val)
+                save_checkpoint(run_dir / CHECKPOINT, {
+                    "model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True),
+                    "vocab": corpus.vocab, "step": step + 1, "valid_loss": best_val,
+                })  # fmt: skip
         if (step + 1) % t.log_every == 0 or val_loss is not None:
             now = time.perf_counter()
             steps_since = (step + 1) % t.log_every or t.log_every
@@ -149,14 +124,3 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     results = evaluate_lengths(model, corpus, cfg, device, run_dir)
     write_csv(results, run_dir / "results.csv")
     return {"best_valid_loss": best_val, "results": results}
-
-
-def save_checkpoint(path: Path, model: LanguageModel, cfg, corpus: Corpus, step: int, val_loss: float) -> None:
-    payload = {
-        "model": model.state_dict(),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "vocab": corpus.vocab,
-        "step": step,
-        "valid_loss": val_loss,
-    }
-    atomic_write(path, lambda tmp: torch.save(payload, tmp))

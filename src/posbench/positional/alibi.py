@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import PositionEncoding, relative_distance
+from .base import PositionEncoding
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -41,7 +41,7 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None) -> Tensor:
     k_len = q_len if k_len is None else k_len
     k_pos = torch.arange(k_len)
     q_pos = k_pos[k_len - q_len :]
-    return -alibi_slopes(n_heads)[:, None, None] * relative_distance(q_pos, k_pos)
+    return -alibi_slopes(n_heads)[:, None, None] * (q_pos[:, None] - k_pos[None, :])
 
 
 @dataclass
@@ -53,13 +53,12 @@ class AlibiConfig:
 
 class ALiBi(PositionEncoding):
     def __init__(self, cfg: AlibiConfig, n_heads: int, **_):
-        super().__init__()
+        super().__init__(n_heads)
         slopes = alibi_slopes(n_heads)
         if cfg.learned_slopes:
             self.slopes = nn.Parameter(slopes)
         else:
             self.register_buffer("slopes", slopes, persistent=False)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = relative_distance(q_pos, k_pos).to(self.slopes.dtype)
-        return -self.slopes[:, None, None] * distance  # (H, Q, K)
+    def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return -self.slopes[head] * (q_pos - k_pos)

@@ -4,7 +4,7 @@ An encoding touches attention in at most one of three places, and overrides only
 
 * absolute encodings add to the token embeddings (``embed``);
 * rotary encodings transform queries and keys (``rotate``);
-* bias encodings add a per-head term to the attention logits (``bias``).
+* bias encodings add a per-head term to the attention logits (``bias_at``).
 
 The model calls all three unconditionally; the defaults are no-ops, so the model
 never branches on an encoding's name.
@@ -20,6 +20,10 @@ class PositionEncoding(nn.Module):
     #: Longest sequence the encoding can serve (``None``: any length).
     max_len: int | None = None
 
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+
     def embed(self, x: Tensor) -> Tensor:
         """x: (B, T, D) token embeddings of positions 0..T-1 -> same shape."""
         return x
@@ -28,17 +32,26 @@ class PositionEncoding(nn.Module):
         """q, k: (B, H, T, hd) at positions 0..T-1 -> transformed q, k."""
         return q, k
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """Logit bias (H, Q, K) for query positions q_pos (Q,) and key positions k_pos (K,).
+    def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """Logit bias for query position ``q_pos`` and key position ``k_pos`` in ``head``.
 
-        ``None`` means the encoding adds no bias. Entries above the causal diagonal
-        may hold anything: the model masks them.
+        Elementwise over broadcastable integer tensors, so the same definition serves
+        a dense (H, Q, K) bias and FlexAttention's ``score_mod`` (scalars there).
+        ``None``: the encoding adds no bias. Values above the causal diagonal may be anything.
         """
         return None
 
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Dense logit bias (H, Q, K) for query positions (Q,) and key positions (K,).
+
+        Override only when a vectorised form is much cheaper than ``bias_at``.
+        """
+        heads = torch.arange(self.n_heads, device=q_pos.device)
+        return self.bias_at(heads[:, None, None], q_pos[None, :, None], k_pos[None, None, :])
+
     @property
     def has_bias(self) -> bool:
-        return type(self).bias is not PositionEncoding.bias
+        return type(self).bias_at is not PositionEncoding.bias_at
 
     @property
     def is_static(self) -> bool:
@@ -52,6 +65,3 @@ class PositionEncoding(nn.Module):
         return None
 
 
-def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """(Q, K) matrix of i - j (query minus key position), >= 0 on and below the diagonal."""
-    return q_pos[:, None] - k_pos[None, :]

@@ -19,8 +19,8 @@ class LearnedConfig:
 
 
 class Learned(PositionEncoding):
-    def __init__(self, cfg: LearnedConfig, d_model: int, train_len: int, **_):
-        super().__init__()
+    def __init__(self, cfg: LearnedConfig, d_model: int, train_len: int, n_heads: int, **_):
+        super().__init__(n_heads)
         self.max_len = cfg.max_positions or train_len
         self.table = nn.Embedding(self.max_len, d_model)
         nn.init.normal_(self.table.weight, std=0.02)

@@ -13,5 +13,5 @@ class NoPEConfig:
 
 
 class NoPE(PositionEncoding):
-    def __init__(self, cfg: NoPEConfig, **_):
-        super().__init__()
+    def __init__(self, cfg: NoPEConfig, n_heads: int, **_):
+        super().__init__(n_heads)

@@ -52,8 +52,8 @@ class RopeConfig:
 
 
 class RoPE(PositionEncoding):
-    def __init__(self, cfg: RopeConfig, head_dim: int, **_):
-        super().__init__()
+    def __init__(self, cfg: RopeConfig, head_dim: int, n_heads: int, **_):
+        super().__init__(n_heads)
         if cfg.layout not in ("half", "interleaved"):
             raise ValueError(f"rope.layout must be 'half' or 'interleaved', got {cfg.layout!r}")
         if head_dim % 2:

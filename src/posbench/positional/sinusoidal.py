@@ -30,8 +30,8 @@ class SinusoidalConfig:
 
 
 class Sinusoidal(PositionEncoding):
-    def __init__(self, cfg: SinusoidalConfig, d_model: int, **_):
-        super().__init__()
+    def __init__(self, cfg: SinusoidalConfig, d_model: int, n_heads: int, **_):
+        super().__init__(n_heads)
         self.d_model = d_model
         self.scale = math.sqrt(d_model) if cfg.scale_embeddings else 1.0
         self.register_buffer("table", torch.empty(0, d_model), persistent=False)

@@ -1,0 +1,24 @@
+# posbench: `make help` lists the targets.
+PYTHON ?= python3
+ENCODINGS ?= alibi,rope,sinusoidal,learned,none
+DATA ?= ../shared/data/wikitext-2-mini
+SWEEP_DIR ?= outputs/quick
+
+.PHONY: help install quick test test-fast
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+install: ## install posbench editable (CPU torch 2.13.0 first where no torch is present)
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
+	$(PYTHON) -m pip install -e '.[test]'
+
+quick: ## sweep ENCODINGS with experiment=quick on DATA into SWEEP_DIR, then report
+	$(PYTHON) -m posbench -m train encoding=$(ENCODINGS) experiment=quick data.path=$(DATA) hydra.sweep.dir=$(SWEEP_DIR)
+	$(PYTHON) -m posbench report $(SWEEP_DIR)
+
+test: ## the whole test suite, slow end-to-end tests included (what CI runs)
+	$(PYTHON) -m pytest
+
+test-fast: ## the fast tests only
+	$(PYTHON) -m pytest -m "not slow"
