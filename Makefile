@@ -1,6 +1,6 @@
 # posbench: `make help` lists the targets.
 PYTHON ?= python3
-ENCODINGS ?= alibi,rope,sinusoidal,learned,none
+ENCODINGS ?= alibi,rope,sinusoidal,learned,none,t5,kerple_log,kerple_power,fire,xpos
 DATA ?= ../shared/data/wikitext-2-mini
 SWEEP_DIR ?= outputs/quick
 

@@ -7,7 +7,8 @@ from omegaconf import OmegaConf
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS
 
-TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+# sdpa: flex compiles a kernel per encoding (a minute each on CPU); test_attention checks flex equals sdpa.
+TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
 VOCAB = 50
 
 

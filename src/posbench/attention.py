@@ -1,30 +1,210 @@
-"""Attention kernels. The model hands over q, k, v and (for bias encodings) a float mask."""
+"""Causal attention backends, all computing the same thing: softmax(q·kᵀ/√d + bias, causal) · v.
+
+* ``eager``: scores, materialised bias, masked softmax; the reference and the benchmark baseline.
+* ``sdpa``: ``scaled_dot_product_attention``; ``is_causal`` without bias, else a float mask
+  built once per length and cached.
+* ``flex``: FlexAttention with the bias computed inside the kernel from the encoding's
+  ``bias_at`` (never materialised) and a causal block mask cached per length.
+* ``auto``: the rule below (``Attention.pick``), set by what ``posbench bench`` measured.
+
+A dense bias grows as T²: past ``MASK_BUDGET`` bytes the eager and sdpa backends build it
+for one block of queries at a time, so memory stays linear in the sequence length.
+"""
 
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .errors import PosbenchError
 from .positional import PositionEncoding
 
+log = logging.getLogger(__name__)
 
-def causal_bias_mask(encoding: PositionEncoding, seq_len: int, device: torch.device) -> Tensor | None:
-    """Float mask (1, H, T, T): the encoding's bias below the diagonal, -inf above; ``None`` without bias.
+BACKENDS = ("auto", "sdpa", "flex", "eager")
+#: Bytes of fp32 mask (or eager scores) held at once; longer sequences go block by block of queries.
+MASK_BUDGET = 256 * 2**20
+#: ``auto`` uses flex for bias encodings from this length on (below it the cached sdpa mask is as fast).
+FLEX_MIN_LEN = 1024
+
+
+def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Float mask (1, H, Q, K) — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
 
     Built in fp32 (bias at large distances loses precision in bf16). The leading 1 matters:
-    SDPA's fast CPU kernel takes a 4-D mask, while (H, T, T) silently falls to the math path.
+    SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
     """
-    if not encoding.has_bias:
-        return None
-    pos = torch.arange(seq_len, device=device)
-    bias = encoding.bias(pos, pos).float()
-    future = pos[None, :] > pos[:, None]
+    future = k_pos[None, :] > q_pos[:, None]  # (Q, K)
+    bias = encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *future.shape, device=q_pos.device)
     return bias.masked_fill(future, float("-inf")).unsqueeze(0)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
-    """Causal attention of q, k, v (B, H, T, hd); ``mask`` already holds the causal -inf."""
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
+    """q (B, H, Q, hd), k and v (B, H, K, hd), mask (1, H|1, Q, K) -> (B, H, Q, hd)."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + mask  # (B, H, Q, K)
+    return F.dropout(scores.softmax(dim=-1), dropout_p) @ v
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
+    """As ``eager_attention``; ``mask=None`` means plain causal (square q and k only)."""
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
+
+
+_compiled_flex = None
+
+
+def flex_kernel():
+    """``flex_attention`` compiled once per process (uncompiled it materialises every score).
+
+    Default (automatic) dynamic shapes: a second length recompiles once into a kernel for any
+    length, so evaluations never hit the recompile limit and the uncompiled fallback.
+    """
+    global _compiled_flex
+    if _compiled_flex is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
+
+
+def bias_score_mod(encoding: PositionEncoding):
+    """FlexAttention ``score_mod`` adding the encoding's ``bias_at``; ``None`` without bias."""
+    if not encoding.has_bias:
+        return None
+
+    def score_mod(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + encoding.bias_at(head, q_idx, kv_idx)
+
+    return score_mod
+
+
+def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    return q_idx >= kv_idx
+
+
+def causal_block_mask(seq_len: int, device: torch.device, block: int = 128):
+    """Flex's causal BlockMask written down directly: query block i sees key blocks 0..i-1 whole
+    and block i through ``causal``. (``create_block_mask`` evaluates the mask on the full T×T
+    grid: 2.6 GB at 16,384 tokens.)"""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n = -(-seq_len // block)
+    rows = torch.arange(n, device=device, dtype=torch.int32)
+    diagonal = torch.zeros(n, n, device=device, dtype=torch.int32)
+    diagonal[:, 0] = rows  # (n, n): each row's one partial block first, the rest unused
+    below = torch.arange(n, device=device, dtype=torch.int32).expand(n, n).contiguous()  # row i: 0..i-1 are used
+    return BlockMask.from_kv_blocks(
+        torch.ones(1, 1, n, device=device, dtype=torch.int32), diagonal[None, None],
+        rows[None, None], below[None, None], BLOCK_SIZE=block, mask_mod=causal, seq_lengths=(seq_len, seq_len),
+    )  # fmt: skip
+
+
+@dataclass
+class Plan:
+    """How every layer of one forward pass attends (shared by the layers, built once per pass)."""
+
+    backend: str  # eager | sdpa | flex, after ``auto`` and fallbacks are resolved
+    seq_len: int
+    dropout_p: float = 0.0  # on the attention weights
+    mask: Tensor | None = None  # full (1, H|1, T, T) mask; None: causal flag, flex, or query blocks
+    block_mask: object = None  # flex's BlockMask
+    query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
+
+
+class Attention:
+    """The model's attention: resolves the backend per pass and caches per-length masks.
+
+    ``backend``: one of ``BACKENDS``. ``flex`` falls back to ``sdpa`` (one warning) where it
+    cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
+    (flex has none), or a score_mod that does not compile.
+    """
+
+    def __init__(self, backend: str, encoding: PositionEncoding):
+        if backend not in BACKENDS:
+            raise PosbenchError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        self.backend, self.encoding = backend, encoding
+        self.score_mod = bias_score_mod(encoding)
+        self.flex_broken = False  # set when compiling the encoding's score_mod failed
+        self._warned: set[str] = set()
+        self._cache: dict[tuple, object] = {}
+
+    def flex_obstacle(self, device: torch.device, needs_grad: bool, dropout_p: float) -> str | None:
+        """Why flex cannot serve this pass, or ``None`` if it can."""
+        if self.flex_broken:
+            return "FlexAttention could not compile this encoding's bias"
+        if needs_grad and device.type == "cpu":
+            return "FlexAttention has no backward on CPU"
+        if dropout_p > 0:
+            return "FlexAttention has no attention dropout"
+        return None
+
+    def pick(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> str:
+        """The backend for one pass: the requested one, or for ``auto`` the fastest that works.
+
+        ``auto``: flex for bias encodings at ``FLEX_MIN_LEN`` tokens and beyond where flex can
+        run (in-kernel bias, memory linear in length); sdpa everywhere else.
+        """
+        obstacle = self.flex_obstacle(device, needs_grad, dropout_p)
+        if self.backend == "auto":
+            use_flex = self.encoding.has_bias and seq_len >= FLEX_MIN_LEN and obstacle is None
+            return "flex" if use_flex else "sdpa"
+        if self.backend == "flex" and obstacle:
+            self.warn_once(f"model.attention=flex: {obstacle}; using sdpa for these passes")
+            return "sdpa"
+        return self.backend
+
+    def warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning(message)
+
+    def plan(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> Plan:
+        backend = self.pick(seq_len, device, needs_grad, dropout_p)
+        if backend == "flex":
+            block_mask = self.cached(("block", seq_len, device), lambda: causal_block_mask(seq_len, device))
+            return Plan("flex", seq_len, block_mask=block_mask)
+        if backend == "sdpa" and not self.encoding.has_bias:
+            return Plan("sdpa", seq_len, dropout_p)  # is_causal: no mask at all
+        heads = self.encoding.n_heads  # eager's scores have every head even without bias
+        if heads * seq_len * seq_len * 4 > MASK_BUDGET:
+            return Plan(backend, seq_len, dropout_p, query_block=max(1, MASK_BUDGET // (4 * heads * seq_len)))
+        pos = torch.arange(seq_len, device=device)
+        if not self.encoding.is_static:  # learned bias: rebuilt every pass so gradients reach it
+            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos))
+        mask = self.cached(("mask", seq_len, device), lambda: causal_mask(self.encoding, pos, pos))
+        return Plan(backend, seq_len, dropout_p, mask=mask)
+
+    def cached(self, key: tuple, build):
+        if key not in self._cache:
+            self._cache = {k: v for k, v in self._cache.items() if k[0] != key[0]}  # keep one length per kind
+            self._cache[key] = build()
+        return self._cache[key]
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
+        """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's bias."""
+        if plan.backend == "flex" and not self.flex_broken:
+            try:
+                # contiguous: under torch.compile, rotated q, k beside a strided v gave wrong results
+                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                return flex_kernel()(q, k, v, score_mod=self.score_mod, block_mask=plan.block_mask)
+            except Exception as e:  # noqa: BLE001 - any compile failure: fall back, as documented
+                self.flex_broken = True
+                self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); using sdpa")
+        if plan.backend == "flex":  # broken this pass: re-plan without flex
+            plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p)
+        attend = eager_attention if plan.backend == "eager" else sdpa_attention
+        if plan.query_block is None:
+            return attend(q, k, v, plan.mask, plan.dropout_p)
+        pos = torch.arange(plan.seq_len, device=q.device)
+        out = []
+        for s in range(0, plan.seq_len, plan.query_block):
+            e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys 0..e-1
+            mask = causal_mask(self.encoding, pos[s:e], pos[:e])  # (1, H|1, e-s, e)
+            out.append(attend(q[:, :, s:e], k[:, :, :e], v[:, :, :e], mask, plan.dropout_p))
+        return torch.cat(out, dim=2)  # (B, H, T, hd)

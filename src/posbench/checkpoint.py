@@ -1,9 +1,13 @@
-"""Checkpoints: plain containers only (weights, config dict, vocabulary), loaded with ``weights_only=True``."""
+"""Checkpoints: plain containers only (tensors, numbers, strings, lists, dicts), loaded with ``weights_only=True``.
+
+A run folder holds two: ``checkpoint.pt``, the best model by validation loss (final evaluation,
+``eval``), and ``last.pt``, everything needed to continue training exactly where it stopped.
+Both carry ``model`` (a state dict), ``config`` (the resolved config as a plain dict) and ``vocab``.
+"""
 
 from __future__ import annotations
 
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -13,6 +17,7 @@ from .errors import PosbenchError
 from .io import atomic_write
 
 CHECKPOINT = "checkpoint.pt"
+RESUME_CHECKPOINT = "last.pt"
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -20,8 +25,17 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     atomic_write(Path(path), lambda tmp: torch.save(payload, tmp))
 
 
-def load_checkpoint(path: Path, map_location="cpu") -> dict:
-    """Load a checkpoint written by posbench, or raise a one-line PosbenchError saying what is wrong."""
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def load_checkpoint(path: Path, map_location="cpu", *, encoding: str | None = None, vocab: list[str] | None = None) -> dict:
+    """Load a checkpoint written by posbench, or raise a one-line PosbenchError saying what is wrong.
+
+    ``path`` may be the file or its run folder (then ``checkpoint.pt``). Given ``encoding`` and
+    ``vocab``, the checkpoint must have been trained with that encoding on that vocabulary.
+    The returned ``config`` is a DictConfig.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT
@@ -29,10 +43,28 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
         raise PosbenchError(f"checkpoint {path} does not exist")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, OSError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise PosbenchError(f"checkpoint {path} is unreadable (truncated or not a posbench checkpoint): {reason}") from None
+    except pickle.UnpicklingError as e:  # weights_only refuses pickled objects: the message is pages long
+        if "Weights only load failed" in str(e):
+            raise PosbenchError(
+                f"checkpoint {path} holds pickled Python objects, not just tensors and plain containers; "
+                "posbench refuses to load it (it could run arbitrary code)"
+            ) from None
+        raise PosbenchError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {_first_line(e)}") from None
+    except Exception as e:  # a damaged file fails anywhere in the unpickler (EOFError, IndexError, zip errors...)
+        raise PosbenchError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {_first_line(e)}") from None
     if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():
         raise PosbenchError(f"checkpoint {path} is not a posbench checkpoint (needs model, config, vocab)")
+    if not isinstance(payload["config"], dict) or not isinstance(payload["vocab"], list):
+        raise PosbenchError(f"checkpoint {path} is not a posbench checkpoint (config must be a dict, vocab a list)")
     payload["config"] = OmegaConf.create(payload["config"])
+    saved_encoding = OmegaConf.select(payload["config"], "encoding.name")
+    if encoding is not None and saved_encoding != encoding:
+        raise PosbenchError(f"checkpoint {path} was trained with encoding={saved_encoding}, not encoding={encoding}")
+    if vocab is not None and payload["vocab"] != list(vocab):
+        saved = payload["vocab"]
+        where = next((i for i, (a, b) in enumerate(zip(saved, vocab)) if a != b), min(len(saved), len(vocab)))
+        raise PosbenchError(
+            f"checkpoint {path} has a vocabulary of {len(saved):,} words that does not match the data's "
+            f"{len(vocab):,} (they first differ at word {where}); was it trained on other data (data.path)?"
+        )
     return payload

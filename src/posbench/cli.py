@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import logging
 import sys
+from pathlib import Path
 from typing import Callable
 
 from .errors import PosbenchError
@@ -22,7 +23,11 @@ commands:
   train    train one LM and write perplexity at every evaluation length
            (Hydra overrides, e.g. encoding=rope experiment=quick data.path=DIR;
            -m sweeps comma-separated values; `train --help` shows the config groups)
-  report   DIR: tables (summary.md, results.csv) and ppl_vs_length.png from every run below DIR
+  eval     evaluate a saved run again without retraining: checkpoint=PATH 'eval_lens=[...]'
+           eval.mode=sliding eval.stride=S, rope.scaling.type=linear|ntk|dynamic|yarn rope.scaling.factor=F
+  report   DIR: tables (summary.md, summary.csv: mean ± std over seeds) and figures (ppl_vs_length,
+           per_position_loss, training_curves; PNG and SVG) from every run below DIR
+  bench    speed and memory of every encoding x attention backend (bench.csv, bench.md)
 
 Run `python -m posbench COMMAND --help` for a command's options.
 """
@@ -36,14 +41,24 @@ def fail(message: str) -> int:
 
 
 @contextlib.contextmanager
-def one_line_errors(debug: bool):
-    """Turn a PosbenchError into one line on stderr and exit code 2 (full traceback with debug=true)."""
+def one_line_errors(debug: bool, run_dir: Path | None = None):
+    """Turn a PosbenchError or Ctrl-C into one line on stderr and exit code 2 (full traceback with debug=true).
+
+    Given the run's folder, the line also goes to its error.txt, so that ``report`` can say why the run stopped.
+    """
+    from .io import ERROR_FILE, write_text
+
+    if run_dir is not None:
+        (run_dir / ERROR_FILE).unlink(missing_ok=True)  # a resumed run starts with a clean slate
     try:
         yield
-    except PosbenchError as e:
+    except (PosbenchError, KeyboardInterrupt) as e:
+        message = str(e) if isinstance(e, PosbenchError) else "interrupted (Ctrl-C)"
+        if run_dir is not None:
+            write_text(f"{message}\n", run_dir / ERROR_FILE)
         if debug:
             raise
-        raise SystemExit(fail(str(e))) from None
+        raise SystemExit(fail(message)) from None
 
 
 def condense_hydra_error(e: Exception) -> str:
@@ -75,8 +90,9 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
     """Compose the config of every job up front, so a typo fails in a second, not an hour into a sweep."""
     from hydra import compose, initialize_config_dir
 
-    from .config import CONFIG_DIR
+    from .config import CONFIG_DIR, register_configs
 
+    register_configs()  # the schemas the YAML files name
     try:
         jobs = expand_sweep(overrides) if multirun else [overrides]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name=config_name):
@@ -96,6 +112,7 @@ def run_hydra(config_name: str, task: Callable, args: list[str], check: Callable
     from hydra.core.hydra_config import HydraConfig
 
     from .config import CONFIG_DIR, register_configs
+    from .distributed import hydra_run_args
 
     register_configs()
     if not HYDRA_INFO_FLAGS & set(args):
@@ -103,15 +120,17 @@ def run_hydra(config_name: str, task: Callable, args: list[str], check: Callable
         overrides = [a for a in args if not a.startswith("-")]
         try:
             validate_overrides(config_name, overrides, multirun, check)
+            args = hydra_run_args(config_name, args)  # under torchrun: rank 0's run folder for every rank
         except PosbenchError as e:
-            if "debug=true" in overrides:
+            if "debug=true" in (o.lower() for o in overrides):
                 raise
             return fail(str(e))
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
     def _main(cfg) -> None:
-        with one_line_errors(cfg.get("debug", False)):
-            task(cfg, HydraConfig.get().runtime.output_dir)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        with one_line_errors(cfg.get("debug", False), run_dir):
+            task(cfg, run_dir)
 
     sys.argv = [f"posbench {config_name}", *args]
     _main()
@@ -123,6 +142,13 @@ def cmd_train(args: list[str]) -> int:
     from .train import train
 
     return run_hydra("train", train, args, check=check_config)
+
+
+def cmd_eval(args: list[str]) -> int:
+    from .reevaluate import check_command, eval_command, register
+
+    register()
+    return run_hydra("eval", eval_command, args, check=check_command)
 
 
 def cmd_report(args: list[str]) -> int:
@@ -138,7 +164,14 @@ def cmd_report(args: list[str]) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "report": cmd_report}
+def cmd_bench(args: list[str]) -> int:
+    from .bench import bench, register_bench_config
+
+    register_bench_config()
+    return run_hydra("bench", bench, args)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,4 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return fail(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} (see --help)")
     command = argv.pop(position)
-    return COMMANDS[command](argv)
+    try:
+        return COMMANDS[command](argv)
+    except KeyboardInterrupt:  # Ctrl-C outside a run (composing, loading): one line, no traceback
+        return fail("interrupted (Ctrl-C)")

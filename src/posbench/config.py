@@ -15,6 +15,7 @@ from omegaconf import MISSING
 
 from .data import DataConfig
 from .errors import PosbenchError
+from .logger import check_logger
 from .model import ModelConfig
 from .positional import ENCODINGS, build_encoding
 
@@ -36,13 +37,29 @@ class TrainConfig:
     #: Cap on validation tokens per periodic check (``null``: the whole split).
     val_tokens: Optional[int] = None
     log_every: int = 10
+    #: Save the resume state (last.pt) every N steps, at the last step, and on SIGINT/SIGTERM.
+    checkpoint_every: int = 100
+    #: ``auto`` (continue from the run folder's last.pt if there is one; skip a finished run),
+    #: ``true`` (last.pt must exist), ``false`` (start afresh), or the path of a last.pt to continue from.
+    resume: str = "auto"
+    #: train_log.csv flags a step whose loss exceeds this multiple of its running average...
+    loss_spike_ratio: float = 1.5
+    #: ...or whose gradient norm (before clipping) exceeds this multiple of its running average.
+    grad_spike_ratio: float = 5.0
 
 
 @dataclass
 class EvalConfig:
     splits: List[str] = field(default_factory=lambda: ["valid", "test"])
-    #: ``nonoverlapping``: windows of eval_len side by side (the ALiBi paper's protocol).
+    #: ``nonoverlapping``: windows of eval_len side by side (the ALiBi paper's protocol);
+    #: ``sliding``: windows advancing by ``stride`` tokens, each target scored once (see evaluate.py).
     mode: str = "nonoverlapping"
+    #: Tokens a sliding window advances by (capped at eval_len); required for ``sliding``.
+    stride: Optional[int] = None
+    #: per_position.csv: one row per window position below this...
+    per_position_exact: int = 1024
+    #: ...and one row per this many positions beyond (``position`` is the bucket's first).
+    per_position_bucket: int = 64
     #: Tokens per forward pass; windows are batched up to this many.
     batch_tokens: int = 16384
     #: Score only the first N tokens of each split (``null``: all). For smoke tests.
@@ -65,6 +82,10 @@ class Config:
     device: str = "auto"
     #: Show full tracebacks instead of one-line errors.
     debug: bool = False
+    #: ``csv`` (train_log.csv, results.csv) or ``tensorboard`` (event files in the run folder as well).
+    logger: str = "csv"
+    #: Torch CPU threads for this run (``null``: torch's default); set 1 when N jobs share N cores.
+    threads: Optional[int] = None
 
 
 def register_configs() -> None:
@@ -78,6 +99,18 @@ def eval_lens_of(cfg) -> list[int]:
     return list(cfg.eval_lens) if cfg.eval_lens else [cfg.train_len * m for m in (1, 2, 4, 8, 16)]
 
 
+EVAL_MODES = ("nonoverlapping", "sliding")
+
+
+def check_eval(e) -> None:
+    if e.mode not in EVAL_MODES:
+        raise PosbenchError(f"eval.mode must be one of {', '.join(EVAL_MODES)}, got {e.mode!r}")
+    if e.mode == "sliding" and (e.stride is None or e.stride < 1):
+        raise PosbenchError(f"eval.mode=sliding needs a positive eval.stride=S, got {e.stride}")
+    if e.per_position_exact < 0 or e.per_position_bucket < 1:
+        raise PosbenchError("eval.per_position_exact must be >= 0 and eval.per_position_bucket >= 1")
+
+
 def check_config(cfg) -> None:
     """Raise PosbenchError for what the schema's types cannot catch."""
     lengths = {"train_len": [cfg.train_len], "eval_lens": eval_lens_of(cfg)}
@@ -88,10 +121,13 @@ def check_config(cfg) -> None:
     for key in ("n_layers", "d_model", "n_heads", "d_ff"):
         if m[key] < 1:
             raise PosbenchError(f"model.{key} must be positive, got {m[key]}")
+    for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
+        if cfg.train[key] < 1:
+            raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
     if m.d_model % m.n_heads:
         raise PosbenchError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    if cfg.eval.mode != "nonoverlapping":
-        raise PosbenchError(f"eval.mode must be 'nonoverlapping', got {cfg.eval.mode!r}")
+    check_logger(cfg.logger)
+    check_eval(cfg.eval)
     unknown = set(cfg.eval.splits) - {"train", "valid", "test"}
     if unknown:
         raise PosbenchError(f"eval.splits may hold train, valid, test; got {sorted(unknown)}")

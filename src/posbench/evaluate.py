@@ -1,8 +1,14 @@
-"""Perplexity at a given window length.
+"""Perplexity at a given window length, per position in the window, and a context-free reference.
 
 Perplexity is exp of the token-weighted mean NLL over every predicted token of a split.
-``nonoverlapping`` cuts the token stream into consecutive windows of eval_len (the last
-one shorter) and scores every target in each window with the context the window gives.
+The token stream is scored in windows of eval_len that advance by ``stride`` tokens; each
+target is scored once, by the first window that reaches it, with all the context that
+window gives (the first window scores all its targets).
+
+* ``nonoverlapping`` (the ALiBi paper's protocol): stride = eval_len, windows side by side;
+  early targets of every window see little context.
+* ``sliding``: stride S < eval_len; after the first window every target sees at least
+  eval_len - S tokens of context. S = eval_len is exactly ``nonoverlapping``.
 """
 
 from __future__ import annotations
@@ -11,55 +17,95 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import Tensor
 
 from .config import eval_lens_of
-from .data import Corpus
+from .data import UNK, Corpus
+from .io import write_csv
 from .model import LanguageModel
+from .positional.rope import scaling_label
 
 log = logging.getLogger(__name__)
 
 RESULT_COLUMNS = [
-    "encoding", "train_len", "eval_len", "split", "eval_mode", "tokens", "nll", "ppl",
-    "status", "reason", "seed", "params", "encoding_params", "run_dir",
+    "encoding", "variant", "train_len", "eval_len", "split", "eval_mode", "stride", "tokens", "nll", "ppl",
+    "ppl_beyond", "unigram_ppl", "status", "reason", "seed", "params", "encoding_params", "run_dir",
+]  # fmt: skip
+#: A row of results.csv is identified, within its run, by these columns.
+RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant"]
+PER_POSITION = "per_position.csv"
+PER_POSITION_COLUMNS = [
+    "encoding", "variant", "train_len", "seed", "split", "eval_mode", "stride", "eval_len", "position", "nll", "count",
 ]  # fmt: skip
 
 
 @dataclass
 class Score:
-    nll_sum: float
-    tokens: int
+    """Summed NLL and number of scored targets at each window position, both (eval_len,)."""
+
+    nll_sum: Tensor  # float64
+    count: Tensor  # int64
+
+    @property
+    def tokens(self) -> int:
+        return int(self.count.sum())
 
     @property
     def nll(self) -> float:
-        return self.nll_sum / self.tokens
+        return self.nll_sum.sum().item() / self.tokens
 
     @property
     def ppl(self) -> float:
         return math.exp(self.nll)
 
+    def ppl_from(self, position: int) -> float | None:
+        """Perplexity of the targets at window positions >= ``position`` (``None`` if there are none)."""
+        count = int(self.count[position:].sum())
+        return math.exp(self.nll_sum[position:].sum().item() / count) if count else None
+
+
+def windows(n_targets: int, eval_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, length, first scored index) of every window, so that each target is scored once."""
+    if not 1 <= stride <= eval_len:
+        raise ValueError(f"stride must be in [1, eval_len={eval_len}], got {stride}")
+    out, scored, start = [], 0, 0
+    while scored < n_targets:
+        end = min(start + eval_len, n_targets)
+        out.append((start, end - start, scored - start))
+        scored, start = end, start + stride
+    return out
+
 
 @torch.no_grad()
-def score_nonoverlapping(model: LanguageModel, tokens: Tensor, eval_len: int, batch_tokens: int, device) -> Score:
-    """NLL summed over every target tokens[1:], in consecutive windows of ``eval_len``."""
+def score_windows(model: LanguageModel, tokens: Tensor, eval_len: int, stride: int, batch_tokens: int, device) -> Score:
+    """Score every target tokens[1:] once, in windows of ``eval_len`` advancing by ``stride``."""
     model.eval()
-    n_targets = len(tokens) - 1
-    n_full = n_targets // eval_len
-    starts = list(range(0, n_full * eval_len, eval_len))
-    per_batch = max(1, batch_tokens // eval_len)
-    batches = [(starts[i : i + per_batch], eval_len) for i in range(0, len(starts), per_batch)]
-    if n_targets % eval_len:  # the shorter last window
-        batches.append(([n_full * eval_len], n_targets % eval_len))
-    total = 0.0
-    for batch_starts, length in batches:
-        x = torch.stack([tokens[s : s + length] for s in batch_starts]).to(device)
-        y = torch.stack([tokens[s + 1 : s + length + 1] for s in batch_starts]).to(device)
-        with autocast(device):
-            total += model.token_nll(x, y).double().sum().item()
-    return Score(total, n_targets)
+    nll_sum = torch.zeros(eval_len, dtype=torch.float64)
+    count = torch.zeros(eval_len, dtype=torch.int64)
+    by_length: dict[int, list[tuple[int, int]]] = {}  # windows of one length batch together
+    for start, length, first in windows(len(tokens) - 1, eval_len, stride):
+        by_length.setdefault(length, []).append((start, first))
+    for length, group in by_length.items():
+        per_batch = max(1, batch_tokens // length)
+        for i in range(0, len(group), per_batch):
+            batch = group[i : i + per_batch]
+            x = torch.stack([tokens[s : s + length] for s, _ in batch]).to(device)  # (B, length)
+            y = torch.stack([tokens[s + 1 : s + length + 1] for s, _ in batch]).to(device)  # (B, length)
+            with autocast(device):
+                nll = model.token_nll(x, y).double().cpu()  # (B, length)
+            scored = torch.arange(length)[None, :] >= torch.tensor([f for _, f in batch])[:, None]  # (B, length)
+            nll_sum[:length] += (nll * scored).sum(0)
+            count[:length] += scored.sum(0)
+    return Score(nll_sum, count)
+
+
+def score_nonoverlapping(model: LanguageModel, tokens: Tensor, eval_len: int, batch_tokens: int, device) -> Score:
+    """Consecutive windows of ``eval_len`` (the last one shorter)."""
+    return score_windows(model, tokens, eval_len, eval_len, batch_tokens, device)
 
 
 def autocast(device):
@@ -67,24 +113,80 @@ def autocast(device):
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
 
 
+def unigram_ppl(train: Tensor, targets: Tensor, vocab: list[str]) -> float:
+    """Perplexity of ``targets`` under the training split's token frequencies: a model that ignores context.
+
+    Same vocabulary and ``<unk>`` id as the model. Only ``<unk>`` can be absent from train
+    (in partial slices); it is then counted once so that no target has probability zero.
+    """
+    counts = torch.bincount(train, minlength=len(vocab)).double()  # (V,)
+    unk = vocab.index(UNK)
+    counts[unk] = counts[unk].clamp(min=1)
+    log_p = counts.log() - counts.sum().log()
+    return math.exp(-log_p[targets].mean().item())
+
+
+def per_position_rows(score: Score, exact: int, bucket: int) -> pd.DataFrame:
+    """Mean NLL per window position: one row per position below ``exact``, then one per ``bucket`` positions.
+
+    ``position`` is the first position of its bucket; positions no window scored are left out.
+    """
+    pos = torch.arange(len(score.count))
+    key = torch.where(pos < exact, pos, exact + (pos - exact) // bucket * bucket)
+    df = pd.DataFrame({"position": key.numpy(), "nll_sum": score.nll_sum.numpy(), "count": score.count.numpy()})
+    df = df.groupby("position", as_index=False).sum()
+    df = df[df["count"] > 0]
+    return df.assign(nll=df["nll_sum"] / df["count"])[["position", "nll", "count"]]
+
+
+def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
+    """Write ``new`` to ``path`` atomically, keeping the file's rows whose ``keys`` ``new`` does not have."""
+    if path.is_file():
+        old = pd.read_csv(path)
+
+        def key(df: pd.DataFrame) -> pd.Series:
+            return df.reindex(columns=keys).astype("string").fillna("").agg("|".join, axis=1)
+
+        new = pd.concat([old[~key(old).isin(set(key(new)))], new], ignore_index=True)
+    write_csv(new, path)
+    return new
+
+
+def variant_of(encoding_cfg) -> str:
+    """The evaluation-time variant of an encoding (e.g. ``yarn×4``); empty for the encoding as trained."""
+    return scaling_label(encoding_cfg.get("scaling"))
+
+
 def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
-    """One row per (split, eval_len); lengths the encoding cannot serve are marked, not fatal."""
-    rows = []
+    """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv``.
+
+    Lengths the encoding cannot serve are marked ``unsupported``, not fatal.
+    """
+    e = cfg.eval
     base = dict(
-        encoding=cfg.encoding.name, train_len=cfg.train_len, eval_mode=cfg.eval.mode, seed=cfg.seed,
-        params=model.num_params(), encoding_params=sum(p.numel() for p in model.encoding.parameters()),
+        encoding=cfg.encoding.name, variant=variant_of(cfg.encoding), train_len=cfg.train_len, eval_mode=e.mode,
+        seed=cfg.seed, params=model.num_params(), encoding_params=sum(p.numel() for p in model.encoding.parameters()),
         run_dir=str(run_dir),
     )  # fmt: skip
-    for split in cfg.eval.splits:
-        tokens = corpus.splits[split][: cfg.eval.max_tokens]
+    rows, positions = [], []
+    for split in e.splits:
+        tokens = corpus.splits[split][: e.max_tokens]
+        reference = unigram_ppl(corpus.splits["train"], tokens[1:], corpus.vocab)
         for eval_len in eval_lens_of(cfg):
+            stride = min(e.stride, eval_len) if e.mode == "sliding" else eval_len
+            where = dict(base, split=split, eval_len=eval_len, stride=stride, unigram_ppl=reference)
             reason = model.encoding.unsupported_reason(eval_len)
             if reason:
                 log.warning("eval_len %d skipped: %s", eval_len, reason)
-                rows.append(dict(base, split=split, eval_len=eval_len, tokens=len(tokens) - 1, status="unsupported", reason=reason))
+                rows.append(dict(where, tokens=len(tokens) - 1, status="unsupported", reason=reason))
                 continue
             t0 = time.perf_counter()
-            score = score_nonoverlapping(model, tokens, eval_len, cfg.eval.batch_tokens, device)
-            log.info("%s eval_len=%d ppl=%.2f (%.1fs)", split, eval_len, score.ppl, time.perf_counter() - t0)
-            rows.append(dict(base, split=split, eval_len=eval_len, tokens=score.tokens, nll=score.nll, ppl=score.ppl, status="ok", reason=""))
+            score = score_windows(model, tokens, eval_len, stride, e.batch_tokens, device)
+            beyond = score.ppl_from(cfg.train_len) if eval_len > cfg.train_len else None
+            log.info("%s eval_len=%d stride=%d ppl=%.2f (%.1fs)", split, eval_len, stride, score.ppl, time.perf_counter() - t0)
+            rows.append(dict(where, tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason=""))
+            positions.append(per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where))
+    if positions:
+        per_position = pd.concat(positions, ignore_index=True)[PER_POSITION_COLUMNS]
+        merge_csv(per_position, Path(run_dir) / PER_POSITION, [*RESULT_KEYS, "position"])
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

@@ -9,6 +9,9 @@ from typing import Callable
 
 import pandas as pd
 
+#: A run folder's one-line account of why its run stopped (written by the CLI, read by ``report``).
+ERROR_FILE = "error.txt"
+
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``."""

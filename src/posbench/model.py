@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attend, causal_bias_mask
+from .attention import Attention, Plan
 from .positional import PositionEncoding, build_encoding
 
 
@@ -26,25 +27,33 @@ class ModelConfig:
     n_heads: int = 8
     d_ff: int = 512
     dropout: float = 0.1
+    #: Dropout on the attention weights (``null``: ``dropout``). Above 0, SDPA on CPU leaves its
+    #: fused kernel for the math path (full score matrix; docs/performance.md) and flex cannot run.
+    attn_dropout: Optional[float] = None
     #: Share the token embedding with the output projection.
     tie_weights: bool = True
-    #: Positions per chunk when computing the LM head and loss (bounds logits memory).
-    loss_chunk: int = 8192
+    #: Positions per chunk when computing the LM head and loss (bounds logits memory:
+    #: 2048 x 33,278 fp32 logits and their log-softmax are 0.5 GB).
+    loss_chunk: int = 2048
+    #: Attention backend: sdpa | flex | eager | auto (see attention.py and the README).
+    attention: str = "auto"
+    #: Compile the Transformer blocks with torch.compile (state-dict keys stay unchanged).
+    compile: bool = False
 
 
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads, self.dropout = cfg.n_heads, cfg.dropout
+        self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, encoding: PositionEncoding, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, encoding: PositionEncoding, attention: Attention, plan: Plan) -> Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
         q, k = encoding.rotate(q, k)
-        y = attend(q, k, v, mask, self.dropout if self.training else 0.0)  # (B, H, T, hd)
+        y = attention(q, k, v, plan)  # (B, H, T, hd)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -57,8 +66,8 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, encoding: PositionEncoding, mask: Tensor | None) -> Tensor:
-        x = x + self.attn(self.ln1(x), encoding, mask)
+    def forward(self, x: Tensor, encoding: PositionEncoding, attention: Attention, plan: Plan) -> Tensor:
+        x = x + self.attn(self.ln1(x), encoding, attention, plan)
         return x + self.mlp(self.ln2(x))
 
 
@@ -82,7 +91,10 @@ class LanguageModel(nn.Module):
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        self._mask_cache: dict[tuple, Tensor] = {}
+        self.attention = Attention(cfg.attention, self.encoding)
+        if cfg.compile:  # per block, in place: state-dict keys keep no `_orig_mod.` prefix
+            for block in self.blocks:
+                block.compile()
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -91,24 +103,21 @@ class LanguageModel(nn.Module):
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
+    @property
+    def attn_dropout(self) -> float:
+        """Dropout on the attention weights in training."""
+        return self.cfg.dropout if self.cfg.attn_dropout is None else self.cfg.attn_dropout
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-    def attention_mask(self, seq_len: int, device: torch.device) -> Tensor | None:
-        """The shared (1, H, T, T) mask; cached per length when the encoding has nothing to learn."""
-        if not self.encoding.is_static:
-            return causal_bias_mask(self.encoding, seq_len, device)
-        key = (seq_len, device)
-        if key not in self._mask_cache:
-            self._mask_cache = {key: causal_bias_mask(self.encoding, seq_len, device)}  # keep one length
-        return self._mask_cache[key]
 
     def forward(self, idx: Tensor) -> Tensor:
         """idx (B, T) token ids -> final hidden states (B, T, D)."""
         x = self.drop(self.encoding.embed(self.tok_emb(idx)))
-        mask = self.attention_mask(idx.shape[1], idx.device)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p)  # shared by every layer
         for block in self.blocks:
-            x = block(x, self.encoding, mask)
+            x = block(x, self.encoding, self.attention, plan)
         return self.ln_f(x)
 
     def token_nll(self, idx: Tensor, targets: Tensor) -> Tensor:

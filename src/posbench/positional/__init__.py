@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from .alibi import ALiBi, AlibiConfig, alibi_bias, alibi_slopes
 from .base import PositionEncoding
+from .fire import FIRE, FireConfig
+from .kerple import KerpleLog, KerpleLogConfig, KerplePower, KerplePowerConfig
 from .learned import Learned, LearnedConfig
 from .nope import NoPE, NoPEConfig
-from .rope import RoPE, RopeConfig, apply_rope
+from .rope import RoPE, RopeConfig, apply_rope, rope_inv_freq
 from .sinusoidal import Sinusoidal, SinusoidalConfig, sinusoidal_table
+from .t5 import T5Bias, T5Config, t5_bucket
+from .xpos import XPos, XposConfig
 
 #: name -> (config dataclass, module class)
 ENCODINGS: dict[str, tuple[type, type[PositionEncoding]]] = {
@@ -21,6 +25,11 @@ ENCODINGS: dict[str, tuple[type, type[PositionEncoding]]] = {
     "sinusoidal": (SinusoidalConfig, Sinusoidal),
     "learned": (LearnedConfig, Learned),
     "none": (NoPEConfig, NoPE),
+    "t5": (T5Config, T5Bias),
+    "kerple_log": (KerpleLogConfig, KerpleLog),
+    "kerple_power": (KerplePowerConfig, KerplePower),
+    "fire": (FireConfig, FIRE),
+    "xpos": (XposConfig, XPos),
 }
 
 
@@ -39,5 +48,7 @@ __all__ = [
     "alibi_slopes",
     "alibi_bias",
     "apply_rope",
+    "rope_inv_freq",
     "sinusoidal_table",
+    "t5_bucket",
 ]

@@ -7,24 +7,95 @@ Two layouts pair the dimensions differently:
 * ``half``: dimensions (i, i + d/2), ``rotate_half`` as in GPT-NeoX and Llama.
 
 They are the same rotation up to a fixed permutation of head dimensions.
+
+Context extension (``scaling``) changes the frequencies at evaluation time, without
+retraining, with the formulas of Hugging Face transformers' ``modeling_rope_utils``:
+
+* ``linear`` (position interpolation, Chen et al., 2023): every frequency divided by s;
+* ``ntk`` (static "NTK-aware"): base theta * s^(d/(d-2));
+* ``dynamic`` (dynamic NTK): as ``ntk`` with s replaced by s*L/L0 - (s-1) for a sequence
+  of L > L0 positions, unchanged up to L0;
+* ``yarn`` (Peng et al., 2023, arXiv:2309.00071): high frequencies kept, low ones
+  interpolated, a linear ramp between, and attention scaled by 0.1*ln(s) + 1.
+
+L0 is ``original_max_position_embeddings`` (default: the training length).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .base import PositionEncoding
 
+SCALING_TYPES = ("linear", "ntk", "dynamic", "yarn")
+
+
+def _default_inv_freq(head_dim: int, theta: float) -> Tensor:
+    """theta^(-2i/d) for i < d/2, (head_dim/2,) fp32."""
+    return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+
+
+def _yarn_inv_freq(head_dim: int, theta: float, factor: float, original_len: int, beta_fast: float, beta_slow: float) -> Tensor:
+    """YaRN's blend: extrapolate dimensions that turn more than beta_fast times in L0, interpolate below beta_slow."""
+
+    def dim_of(rotations: float) -> float:  # the dimension that turns ``rotations`` times over L0 positions
+        return head_dim * math.log(original_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = max(math.floor(dim_of(beta_fast)), 0), min(math.ceil(dim_of(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001  # as in transformers: avoid a zero-width ramp
+    # 0: keep the trained frequency (extrapolate), 1: divide it by the factor (interpolate)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (hd/2,)
+    inv_freq = _default_inv_freq(head_dim, theta)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: Mapping | None = None, seq_len: int | None = None) -> tuple[Tensor, float]:
+    """Inverse frequencies (head_dim/2,) fp32 and the attention scale for a RoPE context extension.
+
+    ``scaling``: ``None`` or a dict like ``{"type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 256}`` (YaRN also reads ``beta_fast`` (32),
+    ``beta_slow`` (1) and ``attention_factor`` (0.1*ln(factor) + 1)). ``seq_len`` is the
+    sequence length, used by ``dynamic`` only. As in transformers, the attention scale
+    multiplies cos and sin, so q.k logits are multiplied by its square.
+    """
+    if head_dim % 2:
+        raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
+    kind = scaling.get("type") if scaling else None
+    if kind is None:
+        return _default_inv_freq(head_dim, theta), 1.0
+    if kind not in SCALING_TYPES:
+        raise ValueError(f"rope scaling type must be one of {', '.join(SCALING_TYPES)} or null, got {kind!r}")
+    factor = float(scaling.get("factor", 1.0))
+    if factor < 1:
+        raise ValueError(f"rope scaling factor must be >= 1, got {factor}")
+    original_len = scaling.get("original_max_position_embeddings")
+    if kind in ("dynamic", "yarn") and not original_len:
+        raise ValueError(f"rope scaling {kind} needs original_max_position_embeddings")
+    if kind == "linear":
+        return _default_inv_freq(head_dim, theta) / factor, 1.0
+    if kind == "ntk":
+        return _default_inv_freq(head_dim, theta * factor ** (head_dim / (head_dim - 2))), 1.0
+    if kind == "dynamic":
+        length = max(seq_len or original_len, original_len)
+        effective = factor * length / original_len - (factor - 1)
+        return _default_inv_freq(head_dim, theta * effective ** (head_dim / (head_dim - 2))), 1.0
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return _yarn_inv_freq(head_dim, theta, factor, original_len, beta_fast, beta_slow), float(attention)
+
 
 def rope_angles(positions: Tensor, head_dim: int, theta: float = 10000.0) -> Tensor:
     """Rotation angles (seq, head_dim/2) in fp32."""
-    if head_dim % 2:
-        raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    inv_freq, _ = rope_inv_freq(head_dim, theta)
     return positions.to(torch.float32)[:, None] * inv_freq[None, :]
 
 
@@ -45,29 +116,62 @@ def apply_rope(x: Tensor, positions: Tensor, theta: float = 10000.0, interleaved
 
 
 @dataclass
+class RopeScalingConfig:
+    """Context extension applied at evaluation (see the module docstring); ``type: null`` is plain RoPE."""
+
+    type: Optional[str] = None
+    factor: float = 1.0
+    #: L0, the length the model was trained at; ``null``: the training length.
+    original_max_position_embeddings: Optional[int] = None
+    #: YaRN: dimensions turning more than beta_fast times in L0 keep their frequency...
+    beta_fast: float = 32.0
+    #: ...those turning fewer than beta_slow times are interpolated by the factor.
+    beta_slow: float = 1.0
+    #: YaRN's scale on cos/sin; ``null``: 0.1*ln(factor) + 1.
+    attention_factor: Optional[float] = None
+
+
+def scaling_label(scaling: Mapping | None) -> str:
+    """The ``variant`` name of a scaling in result rows, e.g. ``yarn×4``; empty for plain RoPE."""
+    if not scaling or not scaling.get("type"):
+        return ""
+    return f"{scaling['type']}×{float(scaling.get('factor', 1.0)):g}"
+
+
+@dataclass
 class RopeConfig:
     name: str = "rope"
     theta: float = 10000.0
     layout: str = "half"  # "half" (rotate_half, NeoX/Llama) or "interleaved" (complex pairs)
+    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
 class RoPE(PositionEncoding):
-    def __init__(self, cfg: RopeConfig, head_dim: int, n_heads: int, **_):
+    def __init__(self, cfg: RopeConfig, head_dim: int, n_heads: int, train_len: int | None = None, **_):
         super().__init__(n_heads)
         if cfg.layout not in ("half", "interleaved"):
             raise ValueError(f"rope.layout must be 'half' or 'interleaved', got {cfg.layout!r}")
         if head_dim % 2:
             raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
         self.head_dim, self.theta, self.interleaved = head_dim, cfg.theta, cfg.layout == "interleaved"
+        scaling = dict(cfg.scaling) if isinstance(cfg.scaling, Mapping) else asdict(cfg.scaling)
+        if scaling.get("type") and not scaling.get("original_max_position_embeddings"):
+            scaling["original_max_position_embeddings"] = train_len
+        self.scaling = scaling if scaling.get("type") else None
+        rope_inv_freq(head_dim, cfg.theta, self.scaling)  # a bad scaling fails at build time
         self.register_buffer("cos", torch.empty(0, head_dim // 2), persistent=False)
         self.register_buffer("sin", torch.empty(0, head_dim // 2), persistent=False)
 
     def _tables(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
         # Grown on demand (doubling), shared by all layers; never stored in checkpoints.
-        if self.cos.shape[0] < seq_len or self.cos.device != device:
-            n = max(seq_len, 2 * self.cos.shape[0])
-            angles = rope_angles(torch.arange(n, device=device), self.head_dim, self.theta)
-            self.cos, self.sin = angles.cos(), angles.sin()
+        # Dynamic NTK's frequencies depend on the sequence length, so its tables are exact-length.
+        dynamic = self.scaling is not None and self.scaling["type"] == "dynamic"
+        stale = self.cos.shape[0] != seq_len if dynamic else self.cos.shape[0] < seq_len
+        if stale or self.cos.device != device:
+            n = seq_len if dynamic else max(seq_len, 2 * self.cos.shape[0])
+            inv_freq, attention_scale = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=n)
+            angles = torch.arange(n, device=device, dtype=torch.float32)[:, None] * inv_freq.to(device)[None, :]  # (n, hd/2)
+            self.cos, self.sin = angles.cos() * attention_scale, angles.sin() * attention_scale
         return self.cos[:seq_len], self.sin[:seq_len]
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:

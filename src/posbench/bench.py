@@ -1,0 +1,275 @@
+"""``posbench bench``: training and evaluation speed and memory of every encoding × attention backend.
+
+Random tokens, so it needs no data. Every figure is the median of a few repeats after a
+warm-up (which also pays for compilation), with its ratio to the ``eager`` backend measured
+in the same process. Writes ``bench.csv`` and ``bench.md`` into the run folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from .config import TrainConfig
+from .evaluate import autocast, score_nonoverlapping
+from .io import write_csv
+from .model import LanguageModel, ModelConfig
+from .positional import ENCODINGS
+from .train import make_optimizer, resolve_device
+
+log = logging.getLogger(__name__)
+
+COLUMNS = [
+    "encoding", "backend", "phase", "seq_len", "batch", "tokens_per_s", "vs_eager", "gflop_per_token",
+    "gflop_per_s", "peak_fraction", "peak_mem_mb", "status", "reason",
+]  # fmt: skip
+
+
+@dataclass
+class BenchConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    #: Encodings to measure (``null``: every one in ``posbench.positional.ENCODINGS``).
+    encodings: Optional[List[str]] = None
+    #: ``auto`` may be added: it repeats what sdpa or flex measured, per the rule in attention.py.
+    backends: List[str] = field(default_factory=lambda: ["eager", "sdpa", "flex"])
+    #: The full WikiText-2 vocabulary.
+    vocab_size: int = 33278
+    train_batch: int = 16
+    train_len: int = 256
+    #: Timed training steps (forward + backward + AdamW) after ``warmup`` untimed ones (0: no training).
+    train_steps: int = 3
+    #: Untimed runs before each measurement (they also pay for compilation).
+    warmup: int = 1
+    #: Evaluation lengths, each one window of batch 1 through ``score_nonoverlapping``.
+    eval_lens: List[int] = field(default_factory=lambda: [1024, 4096, 16384])
+    eval_repeats: int = 2
+    #: Also time lucidrains' x-transformers (attn_flash=True, same sizes) when it is importable.
+    xtransformers: bool = True
+    #: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
+    device: str = "auto"
+    seed: int = 0
+    debug: bool = False
+
+
+def register_bench_config() -> None:
+    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
+
+
+class PeakRSS:
+    """Highest resident memory of this process while the block runs, sampled every 2 ms (Linux)."""
+
+    def __enter__(self):
+        self.start = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def median_seconds(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def matmul_peak_flops(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
+    """Measured fp32 FLOP/s of an n×n matmul: the yardstick for ``peak_fraction``."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n**3 / median_seconds(lambda: synced(lambda: a @ b, device), repeats, warmup=2)
+
+
+def synced(fn, device: torch.device):
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out
+
+
+def flops_per_token(m: ModelConfig, vocab_size: int, seq_len: int, training: bool) -> float:
+    """Matmul FLOPs per token: 2 per weight (tied head counted once), plus causal attention.
+
+    Attention: q·kᵀ and p·v over on average T/2 keys, 2·(T/2)·d each per layer. Training is
+    three times the forward pass (backward computes two products per forward product).
+    """
+    weights = m.n_layers * (4 * m.d_model**2 + 2 * m.d_model * m.d_ff) + m.d_model * vocab_size
+    forward = 2 * weights + m.n_layers * 2 * seq_len * m.d_model
+    return forward * (3 if training else 1)
+
+
+def train_step_fn(model, loss_fn, cfg: BenchConfig, device: torch.device):
+    gen = torch.Generator().manual_seed(cfg.seed)
+    x, y = (torch.randint(0, cfg.vocab_size, (cfg.train_batch, cfg.train_len), generator=gen).to(device) for _ in range(2))
+    optimizer = make_optimizer(model, TrainConfig())  # what `posbench train` steps with
+    model.train()
+
+    def step():
+        with autocast(device):
+            loss = loss_fn(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        synced(lambda: None, device)
+
+    return step
+
+
+def xtransformers_model(cfg: BenchConfig, encoding: str):
+    """x-transformers' decoder with our sizes and dropout, rotary or ALiBi; ``None`` if not installed."""
+    try:
+        from x_transformers import Decoder, TransformerWrapper
+    except ImportError:
+        return None
+    m = cfg.model
+    positions = {"rope": dict(rotary_pos_emb=True), "alibi": dict(alibi_pos_bias=True, alibi_num_heads=m.n_heads)}[encoding]
+    return TransformerWrapper(
+        num_tokens=cfg.vocab_size, max_seq_len=cfg.train_len, emb_dropout=m.dropout, tie_embedding=m.tie_weights,
+        use_abs_pos_emb=False,
+        attn_layers=Decoder(
+            dim=m.d_model, depth=m.n_layers, heads=m.n_heads, ff_mult=m.d_ff / m.d_model, attn_flash=True,
+            attn_dropout=m.dropout if m.attn_dropout is None else m.attn_dropout, ff_dropout=m.dropout, **positions,
+        ),
+    )  # fmt: skip
+
+
+def bench(cfg, run_dir) -> pd.DataFrame:
+    """Measure, write bench.csv and bench.md into ``run_dir``, return the table."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.device)
+    encodings = list(cfg.encodings or ENCODINGS)
+    unknown = [e for e in encodings if e not in ENCODINGS]
+    if unknown:
+        from .errors import PosbenchError
+
+        raise PosbenchError(f"bench.encodings: unknown {unknown}; choices: {', '.join(ENCODINGS)}")
+    peak = matmul_peak_flops(device)
+    log.info("device %s, torch %s, %d threads, fp32 matmul peak %.1f GFLOP/s", device, torch.__version__, torch.get_num_threads(), peak / 1e9)
+    rows = []
+    for name in encodings:
+        for backend in cfg.backends:
+            model_cfg = ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend})
+            torch.manual_seed(cfg.seed)
+            model = LanguageModel(model_cfg, ENCODINGS[name][0](), cfg.vocab_size, cfg.train_len).to(device)
+            if cfg.train_steps:
+                rows.append(time_training(model, lambda x, y, m=model: m.token_nll(x, y).mean(), cfg, device, name, backend, peak))
+            rows += time_evaluation(model, cfg, device, name, backend, peak)
+            del model
+        if cfg.xtransformers and cfg.train_steps and name in ("rope", "alibi"):
+            model = xtransformers_model(cfg, name)
+            if model is not None:
+                model = model.to(device)
+                loss_fn = lambda x, y, m=model: F.cross_entropy(m(x).flatten(0, 1).float(), y.flatten())  # noqa: E731
+                rows.append(time_training(model, loss_fn, cfg, device, name, "x-transformers", peak))
+    table = add_ratios(pd.DataFrame(rows, columns=COLUMNS))
+    write_csv(table, run_dir / "bench.csv")
+    (run_dir / "bench.md").write_text(markdown(table, cfg, device, peak))
+    log.info("bench written to %s", run_dir)
+    return table
+
+
+def time_training(model, loss_fn, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> dict:
+    row = dict(encoding=name, backend=backend, phase="train", seq_len=cfg.train_len, batch=cfg.train_batch)
+    obstacle = model.attention.flex_obstacle(device, True, model.attn_dropout) if backend == "flex" else None
+    if obstacle:
+        return dict(row, status="skipped", reason=obstacle)
+    flops = flops_per_token(cfg.model, cfg.vocab_size, cfg.train_len, training=True)
+    with PeakRSS() as mem:
+        seconds = median_seconds(train_step_fn(model, loss_fn, cfg, device), cfg.train_steps, cfg.warmup)
+    tok_s = cfg.train_batch * cfg.train_len / seconds
+    log.info("train %s/%s: %.0f tok/s (%.0f%% of peak)", name, backend, tok_s, 100 * tok_s * flops / peak)
+    return dict(
+        row, tokens_per_s=tok_s, gflop_per_token=flops / 1e9, gflop_per_s=tok_s * flops / 1e9,
+        peak_fraction=tok_s * flops / peak, peak_mem_mb=mem.extra_mb, status="ok", reason="",
+    )  # fmt: skip
+
+
+def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> list[dict]:
+    """One window of each eval length, batch 1, through the same path as ``posbench train``'s evaluation."""
+    rows = []
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for length in cfg.eval_lens:
+        row = dict(encoding=name, backend=backend, phase="eval", seq_len=length, batch=1)
+        reason = model.encoding.unsupported_reason(length)
+        if reason:
+            rows.append(dict(row, status="unsupported", reason=reason))
+            continue
+        tokens = torch.randint(0, cfg.vocab_size, (length + 1,), generator=gen)
+        flops = flops_per_token(cfg.model, cfg.vocab_size, length, training=False)
+        with PeakRSS() as mem:
+            seconds = median_seconds(
+                lambda: synced(lambda: score_nonoverlapping(model, tokens, length, length, device), device), cfg.eval_repeats, cfg.warmup
+            )
+        tok_s = length / seconds
+        log.info("eval %s/%s at %d: %.0f tok/s, +%.0f MB", name, backend, length, tok_s, mem.extra_mb)
+        rows.append(dict(
+            row, tokens_per_s=tok_s, gflop_per_token=flops / 1e9, gflop_per_s=tok_s * flops / 1e9,
+            peak_fraction=tok_s * flops / peak, peak_mem_mb=mem.extra_mb, status="ok", reason="",
+        ))  # fmt: skip
+    return rows
+
+
+def add_ratios(table: pd.DataFrame) -> pd.DataFrame:
+    """``vs_eager``: tokens/s over the eager backend's for the same encoding, phase and length."""
+    key = ["encoding", "phase", "seq_len"]
+    eager = table[table.backend == "eager"].set_index(key).tokens_per_s
+    baseline = table.set_index(key).index.map(lambda k: eager.get(k, float("nan")))
+    return table.assign(vs_eager=table.tokens_per_s.to_numpy() / baseline.to_numpy())
+
+
+def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
+    m = cfg.model
+    head = (
+        f"Model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, FFN {m.d_ff}, vocabulary {cfg.vocab_size:,}; "
+        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads; measured fp32 matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s. Medians of {cfg.train_steps} training steps (batch {cfg.train_batch} × {cfg.train_len}) "
+        f"and {cfg.eval_repeats} evaluations (batch 1), each after {cfg.warmup} warm-up run(s).\n"
+    )
+    fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
+    train = ["| encoding | backend | train tok/s | × eager | GFLOP/s | % of peak | note |", "|---|---|---:|---:|---:|---:|---|"]
+    for r in table[table.phase == "train"].itertuples():
+        train.append(
+            f"| {r.encoding} | {r.backend} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(r.vs_eager, '.2f')} | "
+            f"{fmt(r.gflop_per_s, '.1f')} | {fmt(100 * r.peak_fraction, '.0f')} | {r.reason} |"
+        )
+    evals = ["| encoding | backend | tokens | eval tok/s | × eager | extra memory MB | note |", "|---|---|---:|---:|---:|---:|---|"]
+    for r in table[table.phase == "eval"].itertuples():
+        evals.append(
+            f"| {r.encoding} | {r.backend} | {r.seq_len:,} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(r.vs_eager, '.2f')} | "
+            f"{fmt(r.peak_mem_mb, ',.0f')} | {r.reason} |"
+        )
+    return "\n".join([head, "## Training", "", *train, "", "## Evaluation", "", *evals, ""])

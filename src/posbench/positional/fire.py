@@ -1,0 +1,92 @@
+"""FIRE: Li et al., 2023, "Functional Interpolation for Relative Positions Improves Long
+Context Transformers" (arXiv:2310.04418).
+
+The bias of query i and key j is f_θ(ψ(i − j) / ψ(max(L, i))) with ψ(x) = log(c·x + 1) and
+f_θ an MLP 1 → width → heads (ReLU). Dividing by ψ(i) maps every distance into [0, 1] whatever
+the length ("progressive interpolation"); the threshold L keeps the normaliser from being tiny
+for early queries. c, L and f_θ are learned.
+
+As in the paper's listing: ψ uses |c·x|, L = |s|·L₀ with the multiplier s learned (init 1),
+c starts at 0.1, and the MLP has PyTorch's nn.Linear initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import PositionEncoding
+
+#: Keeps the normaliser ψ(max(L, i)) away from zero (the paper's eps).
+EPS = 1e-6
+#: (query, key) pairs per block in ``bias``: the hidden layer holds width floats per pair.
+PAIRS_PER_BLOCK = 2**20
+
+
+def linear_init(*shape: int, fan_in: int) -> nn.Parameter:
+    """nn.Linear's default initialisation, U(±1/√fan_in), for weights and biases alike.
+
+    Plain parameters rather than nn.Linear so that the model's std-0.02 init leaves them alone.
+    """
+    bound = 1 / math.sqrt(fan_in)
+    return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound))
+
+
+@dataclass
+class FireConfig:
+    name: str = "fire"
+    #: Hidden units of the MLP f_θ.
+    mlp_width: int = 32
+    #: Initial c in ψ(x) = log(c·x + 1).
+    init_c: float = 0.1
+    #: Initial threshold L (``null``: the training length). The paper's fixed 512 would, at
+    #: train_len 32, let training see ψ-ratios up to only 0.36 (log 4.1 / log 52.2); any
+    #: L ≤ train_len lets training cover [0, 1], the range every longer evaluation maps into.
+    init_threshold: Optional[float] = None
+
+
+class FIRE(PositionEncoding):
+    def __init__(self, cfg: FireConfig, n_heads: int, train_len: int, **_):
+        super().__init__(n_heads)
+        if cfg.mlp_width < 1:
+            raise ValueError(f"fire.mlp_width must be positive, got {cfg.mlp_width}")
+        init_threshold = train_len if cfg.init_threshold is None else cfg.init_threshold
+        if init_threshold <= 0 or cfg.init_c <= 0:
+            raise ValueError(f"fire.init_c and fire.init_threshold must be positive, got {cfg.init_c}, {init_threshold}")
+        self.c = nn.Parameter(torch.tensor(float(cfg.init_c)))
+        self.init_threshold = float(init_threshold)
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))
+        self.w1 = linear_init(cfg.mlp_width, fan_in=1)  # (W,): the input is one scalar
+        self.b1 = linear_init(cfg.mlp_width, fan_in=1)  # (W,)
+        self.w2 = linear_init(n_heads, cfg.mlp_width, fan_in=cfg.mlp_width)  # (H, W)
+        self.b2 = linear_init(n_heads, fan_in=cfg.mlp_width)  # (H,)
+
+    def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """ψ(i − j) / ψ(max(L, i)) over broadcastable positions."""
+        threshold = (self.threshold_scale * self.init_threshold).abs()
+        distance = torch.log1p((self.c * (q_pos - k_pos)).abs())
+        normaliser = torch.log1p((self.c * torch.maximum(q_pos.float(), threshold)).abs()) + EPS
+        return distance / normaliser
+
+    def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        # The sum over hidden units written out term by term: inside FlexAttention's score_mod
+        # everything must be pointwise (a reduction over a hidden axis does not compile).
+        x = self.normalized_distance(q_pos, k_pos)
+        out = self.b2[head]
+        for u in range(self.w1.shape[0]):
+            out = out + F.relu(x * self.w1[u] + self.b1[u]) * self.w2[head, u]
+        return out
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        # The MLP once per (query, key) for all heads at once, a block of queries at a time.
+        rows = max(1, PAIRS_PER_BLOCK // len(k_pos))
+        blocks = []
+        for q in q_pos.split(rows):
+            x = self.normalized_distance(q[:, None, None], k_pos[None, :, None])  # (q, K, 1)
+            blocks.append(F.relu(x * self.w1 + self.b1) @ self.w2.T + self.b2)  # (q, K, W) -> (q, K, H)
+        return torch.cat(blocks).permute(2, 0, 1)  # (H, Q, K)

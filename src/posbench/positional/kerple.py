@@ -1,0 +1,68 @@
+"""KERPLE: Chi et al., 2022, "Kernelized Relative Positional Embedding for Length Extrapolation" (arXiv:2205.09921).
+
+Two conditionally positive definite kernels of the distance |i − j|, each with two learned
+scalars per head:
+
+* ``kerple_log``: −r1 · log(1 + r2 · |i − j|), with r1, r2 ≥ 0.01;
+* ``kerple_power``: −a · |i − j|^p, with a ≥ 0.01 and 0.01 ≤ p ≤ 2.
+
+Initialisation and bounds follow the authors' code (github.com/chijames/KERPLE,
+``ParallelKerpleLog`` and the power variant beside it): the outer scale (r1, resp. the
+exponent p) uniform in (0, 2), the inner one (r2, resp. a) uniform in (0, 1), eps = 1e-2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .base import PositionEncoding
+
+#: Lower bound of every KERPLE parameter (the reference code's eps).
+FLOOR = 1e-2
+
+
+def bounded(x: Tensor, low: float, high: float | None = None) -> Tensor:
+    """x clamped into [low, high] with the gradient of the identity.
+
+    The reference clamps the parameter's data in place before each use, so a parameter pushed
+    past a bound sits on it and keeps learning. In-place edits cannot run inside a FlexAttention
+    score_mod; a straight-through clamp gives the same values and keeps the gradient flowing.
+    """
+    return x.detach().clamp(low, high) + (x - x.detach())  # the second term: exactly 0, gradient 1
+
+
+def uniform_per_head(n_heads: int, high: float) -> nn.Parameter:
+    return nn.Parameter(torch.rand(n_heads) * high)  # (H,)
+
+
+@dataclass
+class KerpleLogConfig:
+    name: str = "kerple_log"
+
+
+class KerpleLog(PositionEncoding):
+    def __init__(self, cfg: KerpleLogConfig, n_heads: int, **_):
+        super().__init__(n_heads)
+        self.r1, self.r2 = uniform_per_head(n_heads, 2.0), uniform_per_head(n_heads, 1.0)
+
+    def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        r1, r2 = bounded(self.r1, FLOOR)[head], bounded(self.r2, FLOOR)[head]
+        return -r1 * torch.log1p(r2 * (q_pos - k_pos).abs())
+
+
+@dataclass
+class KerplePowerConfig:
+    name: str = "kerple_power"
+
+
+class KerplePower(PositionEncoding):
+    def __init__(self, cfg: KerplePowerConfig, n_heads: int, **_):
+        super().__init__(n_heads)
+        self.a, self.p = uniform_per_head(n_heads, 1.0), uniform_per_head(n_heads, 2.0)
+
+    def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        a, p = bounded(self.a, FLOOR)[head], bounded(self.p, FLOOR, 2.0)[head]
+        return -a * (q_pos - k_pos).abs() ** p

@@ -1,0 +1,63 @@
+"""xPos: Sun et al., 2022, "A Length-Extrapolatable Transformer" (arXiv:2212.10554).
+
+RoPE whose rotation pair i is also scaled: queries at position n by ζ_i^(n/B), keys at m by
+ζ_i^(−m/B), with ζ_i = (2i/d + 0.4)/1.4, so the logit of (n, m) carries ζ_i^((n−m)/B), a decay
+with distance that is strongest for the fast-turning pairs. Causal use only (the paper uses
+blockwise causal attention for the bidirectional case).
+
+Positions in the scale are centred on the middle of the sequence, as in the authors'
+torchscale code: q·k depends on n − m only, so the shift cancels, and it halves the largest
+exponent: with B = 512, ζ_0^(±T/2B) stays inside the fp32 and bf16 range up to T ≈ 72k
+positions, against ≈ 36k uncentred.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .base import PositionEncoding
+from .rope import _rotate, rope_angles
+
+
+def xpos_zeta(head_dim: int) -> Tensor:
+    """ζ_i = (2i/d + 0.4)/1.4 for each rotation pair i < d/2, (head_dim/2,) fp32."""
+    return (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim + 0.4) / 1.4
+
+
+@dataclass
+class XposConfig:
+    name: str = "xpos"
+    theta: float = 10000.0
+    #: B in ζ^(n/B): larger is a gentler decay.
+    scale_base: float = 512.0
+
+
+class XPos(PositionEncoding):
+    def __init__(self, cfg: XposConfig, head_dim: int, n_heads: int, **_):
+        super().__init__(n_heads)
+        if head_dim % 2:
+            raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
+        if cfg.scale_base <= 0:
+            raise ValueError(f"xpos.scale_base must be positive, got {cfg.scale_base}")
+        self.head_dim, self.theta, self.scale_base = head_dim, cfg.theta, cfg.scale_base
+        self._tables: dict[tuple, tuple[Tensor, ...]] = {}  # one length at a time, never in checkpoints
+
+    def tables(self, seq_len: int, device: torch.device) -> tuple[Tensor, ...]:
+        """cos and sin (T, hd/2) times the query scale, then times the key scale; shared by all layers."""
+        key = (seq_len, device)
+        if key not in self._tables:
+            pos = torch.arange(seq_len, device=device)
+            angles = rope_angles(pos, self.head_dim, self.theta)  # (T, hd/2)
+            exponent = (pos - seq_len // 2).float()[:, None] / self.scale_base  # (T, 1), centred
+            scale = xpos_zeta(self.head_dim).to(device) ** exponent  # (T, hd/2)
+            cos, sin = angles.cos(), angles.sin()
+            self._tables = {key: (cos * scale, sin * scale, cos / scale, sin / scale)}
+        return self._tables[key]
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        # A rotation scaled by s is (x1·cos − x2·sin, x1·sin + x2·cos)·s, so the scale rides on cos and sin.
+        q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in self.tables(q.shape[-2], q.device))
+        return _rotate(q, q_cos, q_sin, interleaved=False), _rotate(k, k_cos, k_sin, interleaved=False)

@@ -1,0 +1,127 @@
+"""``posbench eval``: evaluate a saved run again, at other lengths, in another mode or with RoPE scaling.
+
+The run's own config (from its checkpoint) is the starting point; only the keys given on
+the command line replace it (``rope.scaling.*`` becomes the encoding's ``scaling``). Rows
+go to the run's results.csv and per_position.csv, replacing rows with the same split,
+eval_len, eval_mode, stride and variant; ``hydra.run.dir=DIR`` writes to DIR instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import pandas as pd
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .checkpoint import CHECKPOINT, load_checkpoint
+from .config import Config, EvalConfig, check_config, check_eval
+from .data import DataConfig, load_corpus
+from .errors import PosbenchError
+from .evaluate import RESULT_KEYS, evaluate_lengths, merge_csv
+from .model import LanguageModel
+from .positional import ENCODINGS
+from .positional.rope import RopeScalingConfig
+from .train import resolve_device
+
+log = logging.getLogger(__name__)
+
+#: Keys of the eval command that are not part of the run's config.
+OWN_KEYS = ("checkpoint", "debug")
+
+
+@dataclass
+class RopeOverrides:
+    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+
+
+@dataclass
+class EvalCommandConfig:
+    #: A checkpoint.pt, or the run folder holding one.
+    checkpoint: str = MISSING
+    #: ``null``: the run's own lengths.
+    eval_lens: Optional[List[int]] = None
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    #: RoPE context extension, for checkpoints of encodings with a ``scaling`` option.
+    rope: RopeOverrides = field(default_factory=RopeOverrides)
+    device: str = "auto"
+    debug: bool = False
+
+
+def run_folder(checkpoint: str) -> str:
+    """The folder of a run, given its checkpoint file or the folder itself (resolver ``posbench_run_dir``)."""
+    path = Path(checkpoint)
+    return str(path if path.is_dir() else path.parent)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="eval_schema", node=EvalCommandConfig)
+    OmegaConf.register_new_resolver("posbench_run_dir", run_folder, replace=True)
+
+
+def check_command(cfg) -> None:
+    """What can be checked before loading anything."""
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise PosbenchError("eval needs checkpoint=PATH (a checkpoint.pt or the run folder holding one)")
+    path = Path(cfg.checkpoint)
+    if not (path / CHECKPOINT if path.is_dir() else path).is_file():
+        raise PosbenchError(f"checkpoint {path} does not exist")
+    check_eval(cfg.eval)
+
+
+def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictConfig:
+    """The saved run's config on today's schema, with the command's ``keys`` replacing its values."""
+    name = saved.encoding.name
+    if name not in ENCODINGS:
+        raise PosbenchError(f"the checkpoint's encoding {name!r} is unknown; known: {', '.join(ENCODINGS)}")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+        cfg.encoding = OmegaConf.merge(OmegaConf.structured(ENCODINGS[name][0]), saved.encoding)
+    except Exception as e:  # a checkpoint from an incompatible version of posbench
+        raise PosbenchError(f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}") from None
+    for key in keys:
+        if key.split(".")[0] in OWN_KEYS:
+            continue
+        target = "encoding." + key.removeprefix("rope.") if key.split(".")[0] == "rope" else key
+        if target.startswith("encoding.") and "scaling" not in cfg.encoding:
+            raise PosbenchError(f"{key} applies to rotary encodings with scaling (rope); this run is {name}")
+        OmegaConf.update(cfg, target, OmegaConf.select(command, key), merge=True)
+    return cfg
+
+
+def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> pd.DataFrame:
+    """Evaluate ``command.checkpoint`` with ``keys`` of ``command`` overridden; merge rows into ``out_dir``."""
+    check_command(command)
+    payload = load_checkpoint(Path(command.checkpoint))
+    cfg = run_config(payload["config"], command, keys)
+    check_config(cfg)
+    corpus = load_corpus(cfg.data)
+    if corpus.vocab != list(payload["vocab"]):
+        raise PosbenchError(
+            f"the checkpoint's vocabulary ({len(payload['vocab'])} words) does not match the data at "
+            f"{cfg.data.path or cfg.data.hf_path} ({corpus.vocab_size} words); pass the run's data.path=DIR"
+        )
+    device = resolve_device(cfg.device)
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len).to(device)
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:
+        raise PosbenchError(f"the checkpoint's weights do not fit its config: {str(e).splitlines()[0]}") from None
+    out_dir = Path(out_dir)
+    results = evaluate_lengths(model, corpus, cfg, device, out_dir)
+    merge_csv(results, out_dir / "results.csv", RESULT_KEYS)
+    log.info("%d rows written to %s", len(results), out_dir / "results.csv")
+    return results
+
+
+def eval_command(cfg: DictConfig, out_dir: str) -> pd.DataFrame:
+    """The Hydra task: the keys set on the command line are those of Hydra's task overrides."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
+    return evaluate_checkpoint(cfg, [o.key_or_group for o in overrides], Path(out_dir))

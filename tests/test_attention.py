@@ -1,0 +1,180 @@
+"""Attention backends: the same causal attention with every encoding's bias, forward and backward."""
+
+from __future__ import annotations
+
+import logging
+import pytest
+import torch
+
+from posbench import attention as attention_mod
+from posbench.attention import Attention, eager_attention
+from posbench.errors import PosbenchError
+from posbench.model import LanguageModel, ModelConfig
+from posbench.positional import ENCODINGS
+
+TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+VOCAB, SEQ = 50, 40  # 40: not a multiple of flex's 128-token blocks
+CUDA = torch.cuda.is_available()
+
+
+def build(name: str, backend: str, device: str = "cpu", **model) -> LanguageModel:
+    """A tiny LM; encoding parameters drawn at random so a zero-initialised bias cannot hide a bug."""
+    torch.manual_seed(0)
+    lm = LanguageModel(ModelConfig(**{**TINY, **model}, attention=backend), ENCODINGS[name][0](), VOCAB, SEQ)
+    with torch.no_grad():
+        for p in lm.encoding.parameters():
+            p.normal_(0.0, 0.5)
+    return lm.to(device)
+
+
+def nll_and_grads(lm: LanguageModel, x: torch.Tensor, y: torch.Tensor):
+    nll = lm.token_nll(x, y)
+    nll.mean().backward()
+    return nll.detach(), {n: p.grad for n, p in lm.named_parameters() if p.grad is not None}
+
+
+def batch(device: str = "cpu"):
+    gen = torch.Generator().manual_seed(1)
+    return (torch.randint(0, VOCAB, (2, SEQ), generator=gen).to(device) for _ in range(2))
+
+
+def assert_same(nll_a, grads_a, nll_b, grads_b):
+    torch.testing.assert_close(nll_a, nll_b, atol=1e-5, rtol=1e-5)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_eager_matches_attention_written_out_by_hand():
+    """ALiBi slopes for 2 heads are 1/16 and 1/256; softmax over keys j <= i of q·k/√d − m(i − j)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 5, 4).unbind(0)  # (B, H, T, hd) each
+    slopes = [1 / 16, 1 / 256]
+    expected = torch.zeros_like(q)
+    for h in range(2):
+        for i in range(5):
+            logits = torch.tensor([float(q[0, h, i] @ k[0, h, j]) / 2.0 - slopes[h] * (i - j) for j in range(i + 1)])
+            expected[0, h, i] = (logits.softmax(0)[:, None] * v[0, h, : i + 1]).sum(0)
+    alibi = ENCODINGS["alibi"][1](ENCODINGS["alibi"][0](), n_heads=2)
+    attn = Attention("eager", alibi)
+    torch.testing.assert_close(attn(q, k, v, attn.plan(5, q.device, True, 0.0)), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(eager_attention(q, k, v, attention_mod.causal_mask(alibi, torch.arange(5), torch.arange(5))), expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_sdpa_equals_eager_forward_and_backward(name):
+    x, y = batch()
+    assert_same(*nll_and_grads(build(name, "eager"), x, y), *nll_and_grads(build(name, "sdpa"), x, y))
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch):
+    """Past MASK_BUDGET the mask is built 7 queries at a time (sdpa without bias needs none)."""
+    x, y = batch()
+    full = nll_and_grads(build(name, backend), x, y)
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * TINY["n_heads"] * SEQ * 7)
+    lm = build(name, backend)
+    blocks = backend == "eager" or lm.encoding.has_bias
+    assert lm.attention.plan(SEQ, x.device, True, 0.0).query_block == (7 if blocks else None)
+    assert_same(*full, *nll_and_grads(lm, x, y))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_flex_equals_eager(name):
+    """Forward on CPU (FlexAttention has no CPU backward); forward and backward on CUDA."""
+    device = "cuda" if CUDA else "cpu"
+    x, y = batch(device)
+    eager, flex = build(name, "eager", device), build(name, "flex", device)
+    assert flex.attention.pick(SEQ, x.device, CUDA, 0.0) == "flex"
+    if CUDA:
+        assert_same(*nll_and_grads(eager, x, y), *nll_and_grads(flex, x, y))
+    else:
+        with torch.no_grad():
+            torch.testing.assert_close(flex.token_nll(x, y), eager.token_nll(x, y), atol=1e-5, rtol=1e-5)
+    assert not flex.attention.flex_broken
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rope", "alibi"])
+def test_compiled_blocks_equal_eager(name):
+    """model.compile=true, with sdpa in training and flex in evaluation (rope: q, k with new strides)."""
+    x, y = batch()
+    reference = build(name, "eager")
+    compiled = build(name, "auto", compile=True)
+    assert list(compiled.state_dict()) == list(reference.state_dict())  # no `_orig_mod.` prefix
+    assert_same(*nll_and_grads(reference, x, y), *nll_and_grads(compiled, x, y))
+    flex = build(name, "flex", compile=True)
+    with torch.no_grad():
+        torch.testing.assert_close(flex.token_nll(x, y), reference.token_nll(x, y), atol=1e-5, rtol=1e-5)
+
+
+def alibi_attention(backend: str) -> Attention:
+    return Attention(backend, ENCODINGS["alibi"][1](ENCODINGS["alibi"][0](), n_heads=8))
+
+
+def test_auto_picks_flex_for_long_bias_evaluation_and_sdpa_otherwise():
+    cpu = torch.device("cpu")
+    auto = alibi_attention("auto")
+    assert auto.pick(16384, cpu, needs_grad=False, dropout_p=0.0) == "flex"
+    assert auto.pick(16384, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"  # no FlexAttention backward on CPU
+    assert auto.pick(256, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
+    rope = Attention("auto", ENCODINGS["rope"][1](ENCODINGS["rope"][0](), n_heads=8, head_dim=32, d_model=256, train_len=256))
+    assert rope.pick(16384, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
+
+
+def test_long_sequences_never_build_the_full_mask():
+    """16,384 tokens, 8 heads: a dense fp32 mask would be 8 GiB; blocks of queries stay within budget."""
+    cpu = torch.device("cpu")
+    for backend in ("eager", "sdpa"):
+        plan = alibi_attention(backend).plan(16384, cpu, needs_grad=False, dropout_p=0.0)
+        assert plan.mask is None and plan.query_block is not None
+        assert 8 * plan.query_block * 16384 * 4 <= attention_mod.MASK_BUDGET
+
+
+def test_flex_that_cannot_run_falls_back_to_sdpa_with_one_warning(monkeypatch, caplog):
+    def broken_kernel():
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(attention_mod, "flex_kernel", broken_kernel)
+    flex, sdpa = alibi_attention("flex"), alibi_attention("sdpa")
+    q, k, v = torch.randn(3, 1, 8, 16, 4).unbind(0)
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        for _ in range(3):
+            out = flex(q, k, v, flex.plan(16, cpu, False, 0.0))
+    torch.testing.assert_close(out, sdpa(q, k, v, sdpa.plan(16, cpu, False, 0.0)))
+    assert len([r for r in caplog.records if "FlexAttention failed" in r.message]) == 1
+    assert flex.pick(16, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
+
+
+def test_flex_with_gradients_on_cpu_uses_sdpa_and_warns_once(caplog):
+    flex = alibi_attention("flex")
+    with caplog.at_level(logging.WARNING):
+        picks = [flex.pick(64, torch.device("cpu"), needs_grad=True, dropout_p=0.0) for _ in range(3)]
+    assert picks == ["sdpa"] * 3
+    assert len([r for r in caplog.records if "no backward on CPU" in r.message]) == 1
+
+
+def test_unknown_backend_is_a_one_line_error():
+    with pytest.raises(PosbenchError, match="model.attention must be one of auto, sdpa, flex, eager, got 'fash'"):
+        alibi_attention("fash")
+
+
+@pytest.mark.parametrize("attn_dropout, expected", [(None, 0.3), (0.0, 0.0), (1.0, 1.0)])
+def test_attention_dropout_defaults_to_model_dropout_in_training_only(attn_dropout, expected):
+    lm = build("alibi", "sdpa", dropout=0.3, attn_dropout=attn_dropout)
+    seen = []
+    lm.attention.plan = lambda *args, plan=lm.attention.plan: seen.append(args[3]) or plan(*args)
+    x, _ = batch()
+    lm.train()(x)
+    lm.eval()(x)
+    assert seen == [expected, 0.0]
+
+
+def test_attention_dropout_of_one_drops_every_weight():
+    sdpa = alibi_attention("sdpa")
+    q, k, v = torch.randn(3, 1, 8, 16, 4).unbind(0)
+    plan = sdpa.plan(16, torch.device("cpu"), False, 1.0)
+    assert plan.dropout_p == 1.0 and torch.count_nonzero(sdpa(q, k, v, plan)) == 0

@@ -1,0 +1,48 @@
+"""``posbench bench`` end to end with tiny sizes, and its FLOP count against a hand computation."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from posbench.bench import COLUMNS, bench, flops_per_token, register_bench_config
+from posbench.config import CONFIG_DIR
+from posbench.errors import PosbenchError
+from posbench.model import ModelConfig
+
+
+def bench_config(*overrides):
+    register_bench_config()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name="bench"):
+        return compose("bench", overrides=[
+            "model=tiny", "vocab_size=64", "train_batch=2", "train_len=16", "train_steps=1", "warmup=1",
+            "eval_repeats=1", "xtransformers=false", *overrides,
+        ])  # fmt: skip
+
+
+def test_flops_per_token_of_the_paper_model():
+    """Per layer 4·256² + 2·256·512 weights, tied head 256·33,278; attention 2·T·d per layer."""
+    weights = 6 * (4 * 256 * 256 + 2 * 256 * 512) + 256 * 33278  # 11,664,896
+    assert flops_per_token(ModelConfig(), 33278, 256, training=False) == 2 * weights + 6 * 2 * 256 * 256 == 24_116_224
+    assert flops_per_token(ModelConfig(), 33278, 256, training=True) == 3 * 24_116_224
+
+
+@pytest.mark.slow
+def test_bench_writes_every_encoding_backend_and_length(tmp_path):
+    cfg = bench_config("encodings=[alibi,learned]", "backends=[eager,sdpa]", "eval_lens=[16,48]")
+    table = bench(cfg, tmp_path)
+    written = pd.read_csv(tmp_path / "bench.csv")
+    assert list(written.columns) == COLUMNS and len(written) == len(table) == 2 * 2 * 3
+    train = written[written.phase == "train"]
+    assert (train.tokens_per_s > 0).all() and (train.gflop_per_s > 0).all()
+    assert written[written.backend == "eager"].dropna(subset=["tokens_per_s"]).vs_eager.eq(1.0).all()
+    beyond = written[(written.encoding == "learned") & (written.seq_len == 48)]
+    assert beyond.status.eq("unsupported").all() and beyond.tokens_per_s.isna().all()  # learned has 16 positions
+    assert written[written.status == "ok"].shape[0] == 2 * 2 * 2 + 2  # alibi: train + 2 lengths; learned: train + 16
+    assert "| alibi | sdpa |" in (tmp_path / "bench.md").read_text()
+
+
+def test_unknown_encoding_is_a_one_line_error(tmp_path):
+    with pytest.raises(PosbenchError, match="unknown \\['alibj'\\]"):
+        bench(bench_config("encodings=[alibj]"), tmp_path)

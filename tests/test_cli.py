@@ -1,0 +1,87 @@
+"""The command line end to end: help, one-line errors, a smoke training run, a sweep and its report."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from posbench.cli import main
+
+
+def posbench(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "posbench", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_help_lists_the_commands(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "train" in out and "report" in out
+
+
+def test_unknown_command_is_one_line(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "unknown command 'trian'" in err and "\n" not in err
+
+
+def test_train_help_shows_config_groups():
+    result = posbench("train", "--help")
+    assert result.returncode == 0
+    for group in ("encoding:", "model:", "experiment:", "alibi", "rope", "smoke"):
+        assert group in result.stdout
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("encoding=alibii", "valid choices in 'encoding': alibi"),
+        ("trian_len=5", "Key 'trian_len' not in"),
+        ("train_len=0", "train_len must hold positive integers"),
+    ],
+)
+def test_bad_config_is_one_line_and_exit_2(override, message):
+    result = posbench("train", override)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_every_requested_length(mini_data, tmp_path):
+    run_dir = tmp_path / "run"
+    result = posbench("train", "encoding=learned", "experiment=smoke", f"data.path={mini_data}",
+                      "eval_lens=[16,32,64]", f"hydra.run.dir={run_dir}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results = pd.read_csv(run_dir / "results.csv")
+    assert sorted(results["eval_len"].unique()) == [16, 32, 64]
+    assert set(results["split"]) == {"valid", "test"}
+    ok = results[results["status"] == "ok"]
+    assert (ok["eval_len"] <= 32).all() and (ok["ppl"] > 1).all()
+    unsupported = results[results["eval_len"] == 64]
+    assert (unsupported["status"] == "unsupported").all() and unsupported["ppl"].isna().all()
+    for name in ("train_log.csv", "checkpoint.pt", ".hydra/config.yaml"):
+        assert (run_dir / name).exists()
+
+
+@pytest.mark.slow
+def test_sweep_then_report(mini_data, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = posbench("-m", "train", "encoding=alibi,rope", "experiment=smoke", "train.steps=2",
+                      f"data.path={mini_data}", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    result = posbench("report", str(sweep_dir))
+    assert result.returncode == 0, result.stderr
+    report = sweep_dir / "report"
+    combined = pd.read_csv(report / "results.csv")
+    assert set(combined["encoding"]) == {"alibi", "rope"}
+    assert len(combined) == 2 * 2 * 5  # encodings x splits x default eval lengths (32 x 1..16)
+    summary = (report / "summary.md").read_text()
+    assert "| alibi |" in summary and "| rope |" in summary and "512" in summary
+    assert (report / "ppl_vs_length.png").stat().st_size > 10_000
+
+
+def test_report_on_an_empty_folder_is_one_line(tmp_path):
+    result = posbench("report", str(tmp_path))
+    assert result.returncode == 2
+    assert "no finished runs" in result.stderr and "Traceback" not in result.stderr

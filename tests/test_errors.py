@@ -1,0 +1,216 @@
+"""Every bad input named by the issue gives one line (exit code 2 at the CLI), never a traceback or lost results.
+
+Checkpoints that are missing, truncated, from another encoding or with a vocabulary that does not
+match the data are in test_checkpoint.py; a resume from a checkpoint of another config in test_train.py.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posbench.cli import validate_overrides
+from posbench.config import check_config
+from posbench.data import DataConfig, build_corpus, load_corpus
+from posbench.errors import PosbenchError
+from posbench.evaluate import evaluate_lengths
+from posbench.io import ERROR_FILE, write_csv
+from posbench.model import LanguageModel
+from posbench.report import collect_results, report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def posbench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "posbench", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def assert_one_line(done: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posbench: error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def config_error(*overrides: str, multirun: bool = False) -> str:
+    with pytest.raises(PosbenchError) as e:
+        validate_overrides("train", list(overrides), multirun, check_config)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+# --- names and keys -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cli_unknown_encoding_names_the_valid_choices():
+    assert_one_line(posbench("train", "encoding=alibii"), "encoding/alibii", "valid choices", "alibi", "rope", "sinusoidal")
+
+
+@pytest.mark.parametrize("group, valid", [("encoding", "alibi"), ("model", "tiny"), ("data", "wikitext2"), ("experiment", "smoke")])
+def test_unknown_group_choice_names_the_valid_choices(group, valid):
+    message = config_error(f"{group}=nonesuch")
+    assert f"Could not find '{group}/nonesuch'" in message and f"valid choices in '{group}'" in message and valid in message
+
+
+@pytest.mark.parametrize("override, key", [("trian_len=5", "trian_len"), ("train.stpes=5", "stpes"), ("model.dmodel=64", "dmodel")])
+def test_misspelt_key(override, key):
+    assert f"Key '{key}' not in" in config_error(override)
+
+
+@pytest.mark.parametrize("override", ["train_len=abc", "train.lr=fast", "train.steps=1.5", "debug=perhaps"])
+def test_mistyped_value(override):
+    message = config_error(override)
+    assert message.startswith(f"Error merging override {override}; Value '{override.split('=')[1]}'")
+
+
+def test_a_typo_in_any_job_of_a_sweep_fails_before_the_first_job():
+    assert "encoding/alibii" in config_error("encoding=alibi,rope,alibii", multirun=True)
+
+
+# --- lengths and shapes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train_len=0", "train_len must hold positive integers, got 0"),
+        ("train_len=-4", "train_len must hold positive integers, got -4"),
+        ("eval_lens=[0]", "eval_lens must hold positive integers, got [0]"),
+        ("eval_lens=[64,-1]", "eval_lens must hold positive integers, got [64, -1]"),
+        ("train_len=2.5", "Value '2.5' of type 'float' could not be converted to Integer"),
+        ("eval_lens=[1.5]", "could not be converted to Integer"),
+        ("train.checkpoint_every=0", "train.checkpoint_every must be a positive integer, got 0"),
+    ],
+)
+def test_non_positive_or_non_integer_lengths(override, message):
+    assert message in config_error(override)
+
+
+def test_d_model_not_divisible_by_n_heads():
+    assert config_error("model.n_heads=3") == "model.d_model=256 is not divisible by model.n_heads=3"
+
+
+def test_odd_head_dimension_for_rotary():
+    message = config_error("encoding=rope", "model.d_model=36", "model.n_heads=4")
+    assert message.startswith("encoding=rope:") and "even head dimension" in message and "9" in message
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+def write_splits(folder: Path, **texts: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, text in texts.items():
+        (folder / f"{split}.txt").write_text(text)
+    return folder
+
+
+def test_data_folder_missing(tmp_path):
+    with pytest.raises(PosbenchError, match=r"data folder .*nowhere does not exist \(data.path\)"):
+        load_corpus(DataConfig(path=str(tmp_path / "nowhere")))
+
+
+def test_data_folder_empty(tmp_path):
+    with pytest.raises(PosbenchError, match="has no train split"):
+        load_corpus(DataConfig(path=str(write_splits(tmp_path / "empty"))))
+    with pytest.raises(PosbenchError, match="the train split in .* is empty"):
+        load_corpus(DataConfig(path=str(write_splits(tmp_path / "blank", train="\n \n", valid="a b\n", test="a\n"))))
+
+
+def test_data_folder_missing_a_split(tmp_path):
+    with pytest.raises(PosbenchError, match=r"has no test split \(expected test.txt or wiki.test.tokens\)"):
+        load_corpus(DataConfig(path=str(write_splits(tmp_path / "d", train="a b\n", valid="a\n"))))
+
+
+@pytest.mark.slow
+def test_cli_runtime_error_is_one_line_and_recorded_in_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    done = posbench("train", "experiment=smoke", f"data.path={tmp_path / 'nowhere'}", f"hydra.run.dir={run_dir}")
+    assert_one_line(done, "does not exist (data.path)")
+    assert "does not exist (data.path)" in (run_dir / ERROR_FILE).read_text()
+
+
+@pytest.mark.slow
+def test_cli_debug_true_shows_the_traceback(tmp_path):
+    done = posbench("train", "experiment=smoke", f"data.path={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path}", "debug=true")
+    assert done.returncode != 0
+    assert "Traceback" in done.stderr and "PosbenchError" in done.stderr
+
+
+# --- evaluation beyond an encoding's reach ---------------------------------------------------------
+
+
+def test_eval_length_beyond_learned_positions_is_a_marked_row_not_an_error(compose_config, tmp_path):
+    cfg = compose_config("train", ["experiment=smoke", "encoding=learned", "eval_lens=[32,64]", "eval.splits=[valid]"])
+    words = " ".join(f"w{i % 50}" for i in range(400))
+    corpus = build_corpus({"train": [words], "valid": [words], "test": [words]})
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
+    rows = evaluate_lengths(model, corpus, cfg, "cpu", tmp_path).set_index("eval_len")
+    assert rows.loc[32, "status"] == "ok" and math.isfinite(rows.loc[32, "ppl"])
+    assert rows.loc[64, "status"] == "unsupported" and pd.isna(rows.loc[64, "ppl"])
+    assert "32 positions" in rows.loc[64, "reason"]
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def finished_run(folder: Path, encoding: str) -> Path:
+    rows = [dict(encoding=encoding, train_len=32, eval_len=n, split="test", ppl=100.0 + n, status="ok", reason="", run_dir=str(folder)) for n in (32, 64)]
+    write_csv(pd.DataFrame(rows), folder / "results.csv")
+    return folder
+
+
+def test_report_on_a_folder_without_runs(tmp_path):
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(PosbenchError, match="no finished runs under"):
+        report(tmp_path)
+    with pytest.raises(PosbenchError, match="is not a folder"):
+        report(tmp_path / "nowhere")
+
+
+@pytest.mark.slow
+def test_cli_report_on_a_folder_without_runs(tmp_path):
+    assert_one_line(posbench("report", str(tmp_path)), "no finished runs under")
+
+
+def test_report_skips_unfinished_failed_and_unreadable_runs_and_reports_the_rest(tmp_path):
+    finished_run(tmp_path / "encoding=alibi", "alibi")
+    finished_run(tmp_path / "encoding=rope", "rope")
+    failed = tmp_path / "encoding=none"
+    (failed / ".hydra").mkdir(parents=True)
+    (failed / ERROR_FILE).write_text("training loss is nan at step 7; training stopped\n")
+    unfinished = tmp_path / "encoding=learned"
+    unfinished.mkdir()
+    (unfinished / "last.pt").write_bytes(b"")
+    running = tmp_path / "encoding=sinusoidal"
+    (running / ".hydra").mkdir(parents=True)
+    garbled = tmp_path / "encoding=t5"
+    garbled.mkdir()
+    (garbled / "results.csv").write_bytes(b"\xff\xfe\x00garbage")
+    headless = tmp_path / "encoding=fire"
+    headless.mkdir()
+    (headless / "results.csv").write_text("eval_len,ppl\n32,10\n")
+
+    results, skipped = collect_results(tmp_path)
+    assert sorted(results["encoding"].unique()) == ["alibi", "rope"]
+    assert skipped[failed] == "failed: training loss is nan at step 7; training stopped"
+    assert skipped[unfinished].startswith("unfinished")
+    assert skipped[running].startswith("incomplete")
+    assert skipped[garbled].startswith("unreadable results.csv")
+    assert skipped[headless].startswith("results.csv lacks encoding, train_len")
+
+    out = report(tmp_path)
+    summary = (out / "summary.md").read_text()
+    assert "## Runs left out" in summary and f"`{failed}`: failed: training loss is nan" in summary
+    assert sorted(pd.read_csv(out / "results.csv")["encoding"].unique()) == ["alibi", "rope"]
+    _, skipped_again = collect_results(tmp_path)  # the report's own results.csv is not a run
+    assert set(skipped_again) == set(skipped)

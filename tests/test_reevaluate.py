@@ -1,0 +1,101 @@
+"""``posbench eval``: a saved run evaluated again, merged into its results; bad input as one line."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from posbench.checkpoint import CHECKPOINT, save_checkpoint
+from posbench.data import load_corpus
+from posbench.errors import PosbenchError
+from posbench.model import LanguageModel
+from posbench.reevaluate import evaluate_checkpoint, register
+
+
+def saved_run(folder, compose_config, mini_data, encoding="rope"):
+    """An untrained smoke-sized model saved as a run would save it (no training: the numbers need not be good)."""
+    cfg = compose_config("train", ["experiment=smoke", f"encoding={encoding}", f"data.path={mini_data}"])
+    corpus = load_corpus(cfg.data)
+    torch.manual_seed(0)
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
+    payload = {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True), "vocab": corpus.vocab}
+    save_checkpoint(folder / CHECKPOINT, payload)
+    return folder
+
+
+@pytest.fixture
+def run(tmp_path, compose_config, mini_data):
+    return saved_run(tmp_path / "run", compose_config, mini_data)
+
+
+@pytest.fixture
+def evaluate(compose_config):
+    """evaluate(run, overrides) as `posbench eval checkpoint=run overrides...` would, writing into run."""
+    register()
+
+    def _evaluate(run, overrides):
+        command = compose_config("eval", [f"checkpoint={run}", "eval.max_tokens=600", "eval.splits=[test]", *overrides])
+        keys = ["checkpoint", "eval.max_tokens", "eval.splits", *(o.split("=")[0] for o in overrides)]
+        return evaluate_checkpoint(command, keys, run)
+
+    return _evaluate
+
+
+@pytest.mark.slow
+def test_rows_merge_into_the_run_and_sliding_at_eval_len_matches(run, evaluate):
+    evaluate(run, ["eval_lens=[32,64]"])
+    evaluate(run, ["eval_lens=[32,64]", "eval.mode=sliding", "eval.stride=64"])  # at 64: nonoverlapping exactly
+    evaluate(run, ["eval_lens=[64]", "rope.scaling.type=yarn", "rope.scaling.factor=4"])
+    evaluate(run, ["eval_lens=[64]", "rope.scaling.type=yarn", "rope.scaling.factor=4"])  # again: replaces, not appends
+    results = pd.read_csv(run / "results.csv", keep_default_na=False)
+    assert len(results) == 5
+    by = results.set_index(["eval_mode", "variant", "eval_len"])
+    assert by.loc[("sliding", "", 64), "ppl"] == pytest.approx(by.loc[("nonoverlapping", "", 64), "ppl"], rel=1e-9)
+    assert by.loc[("sliding", "", 32), "stride"] == 32  # capped at eval_len
+    assert by.loc[("nonoverlapping", "yarn×4", 64), "ppl"] != pytest.approx(by.loc[("nonoverlapping", "", 64), "ppl"], rel=1e-6)
+    assert set(results["tokens"]) == {599}
+    positions = pd.read_csv(run / "per_position.csv", keep_default_na=False)
+    for (mode, variant, eval_len), group in positions.groupby(["eval_mode", "variant", "eval_len"]):
+        assert group["count"].sum() == 599
+
+
+def test_rope_scaling_on_a_bias_encoding_is_refused(tmp_path, compose_config, mini_data, evaluate):
+    run = saved_run(tmp_path / "alibi", compose_config, mini_data, encoding="alibi")
+    with pytest.raises(PosbenchError, match="rope.scaling.type applies to rotary"):
+        evaluate(run, ["rope.scaling.type=linear", "rope.scaling.factor=2"])
+
+
+def test_vocabulary_mismatch_is_refused(run, evaluate, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    for split in ("train", "valid", "test"):
+        (other / f"{split}.txt").write_text("a few other words here\n" * 50)
+    with pytest.raises(PosbenchError, match="vocabulary"):
+        evaluate(run, [f"data.path={other}"])
+
+
+@pytest.mark.slow
+def test_eval_command_end_to_end(run, tmp_path):
+    def posbench(*args):
+        return subprocess.run([sys.executable, "-m", "posbench", *args], capture_output=True, text=True, timeout=120)
+
+    done = posbench("eval", f"checkpoint={run / CHECKPOINT}", "eval_lens=[32,64]", "eval.max_tokens=600", "eval.splits=[test]")
+    assert done.returncode == 0, done.stderr
+    assert len(pd.read_csv(run / "results.csv")) == 2
+    elsewhere = tmp_path / "elsewhere"
+    done = posbench("eval", f"checkpoint={run}", "eval_lens=[32]", "eval.max_tokens=600", f"hydra.run.dir={elsewhere}")
+    assert done.returncode == 0, done.stderr
+    assert len(pd.read_csv(elsewhere / "results.csv")) == 2  # valid and test
+
+
+def test_missing_checkpoint_is_one_line(tmp_path, compose_config):
+    from posbench.reevaluate import check_command
+
+    register()
+    with pytest.raises(PosbenchError, match="does not exist"):
+        check_command(compose_config("eval", [f"checkpoint={tmp_path / 'missing'}"]))
+    with pytest.raises(PosbenchError, match="eval needs checkpoint=PATH"):
+        check_command(compose_config("eval", []))

@@ -1,0 +1,98 @@
+"""report on a fixture folder of 2 encodings x 2 seeds: means, sample stds, tables, figures."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
+from posbench.report import REPORT_DIR, report
+
+TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
+# ppl by (encoding, seed) at each length; "learned" cannot serve 16
+PPL = {
+    ("alibi", 0): [10.0, 11.0, 12.0],
+    ("alibi", 1): [14.0, 13.0, 12.0],
+    ("learned", 0): [20.0, 40.0, None],
+    ("learned", 1): [22.0, 50.0, None],
+}
+UNIGRAM = 25.0
+
+
+def write_run(folder, encoding, seed, eval_mode="nonoverlapping", variant=""):
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for eval_len, ppl in zip(LENGTHS, PPL[encoding, seed]):
+        row = dict(
+            encoding=encoding, variant=variant, train_len=TRAIN_LEN, eval_len=eval_len, split="test", eval_mode=eval_mode,
+            stride=eval_len if eval_mode == "nonoverlapping" else 2, tokens=64, unigram_ppl=UNIGRAM, seed=seed,
+            params=1, encoding_params=0, run_dir=str(folder), reason="",
+        )  # fmt: skip
+        if ppl is None:
+            row.update(status="unsupported", reason="too long")
+        else:
+            row.update(status="ok", nll=math.log(ppl), ppl=ppl, ppl_beyond=ppl + 1 if eval_len > TRAIN_LEN else None)
+        rows.append(row)
+    pd.DataFrame(rows, columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
+    positions = [
+        dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, seed=seed, split="test", eval_mode=eval_mode,
+             stride=8, eval_len=8, position=p, nll=1.0 + seed + p / 10, count=8)
+        for p in range(8)
+    ]  # fmt: skip
+    pd.DataFrame(positions, columns=PER_POSITION_COLUMNS).to_csv(folder / PER_POSITION, index=False)
+    pd.DataFrame({"step": [1, 2], "tokens": [100, 200], "valid_loss": [5.0 + seed, 4.0 + seed]}).to_csv(folder / "train_log.csv", index=False)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    for i, (encoding, seed) in enumerate(PPL):
+        write_run(tmp_path / f"{i}_{encoding}_{seed}", encoding, seed)
+    return tmp_path
+
+
+def test_means_and_sample_stds_across_seeds(sweep):
+    out = report(sweep)
+    summary = pd.read_csv(out / "summary.csv").set_index(["encoding", "eval_len"])
+    assert summary.loc[("alibi", 4), "ppl_mean"] == pytest.approx(12.0)
+    assert summary.loc[("alibi", 4), "ppl_std"] == pytest.approx(math.sqrt(8))  # (10, 14): sample std 2*sqrt(2)
+    assert summary.loc[("alibi", 16), "ppl_std"] == pytest.approx(0.0)
+    assert summary.loc[("learned", 8), "ppl_mean"] == pytest.approx(45.0)
+    assert summary.loc[("learned", 8), "ppl_std"] == pytest.approx(math.sqrt(50))
+    assert summary.loc[("alibi", 8), "ppl_beyond_mean"] == pytest.approx(13.0)
+    assert summary.loc[("alibi", 4), "seeds"] == 2
+    assert summary.loc[("learned", 16), "status"] == "unsupported"
+    assert len(pd.read_csv(out / "results.csv")) == 12
+
+
+def test_summary_markdown(sweep):
+    text = (report(sweep) / "summary.md").read_text()
+    assert "| alibi |  | 4 | 12.0 ± 2.8 | 12.0 ± 1.4 (+0.0%) | 12.0 ± 0.0 (+0.0%) | 25.0 |" in text
+    assert "| learned |  | 4 | 21.0 ± 1.4 | 45.0 ± 7.1 (+114.3%) | unsupported | 25.0 |" in text
+    # learned at its training length (21) is within 80% of the unigram 25; alibi (12) is not
+    assert "**learned (train 4)**" in text and "**alibi (train 4)**" not in text
+
+
+def test_figures_png_and_svg(sweep):
+    out = report(sweep)
+    for name in ("ppl_vs_length", "per_position_loss", "training_curves"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+        assert "<svg" in (out / f"{name}.svg").read_text()[:1000]
+
+
+def test_a_panel_per_eval_mode_and_variants_as_lines(sweep):
+    write_run(sweep / "4_alibi_sliding", "alibi", 0, eval_mode="sliding")
+    write_run(sweep / "5_alibi_variant", "alibi", 0, variant="yarn×4")
+    out = report(sweep)
+    summary = pd.read_csv(out / "summary.csv", keep_default_na=False)
+    assert set(summary["eval_mode"]) == {"nonoverlapping", "sliding"}
+    assert set(summary["variant"]) == {"", "yarn×4"}
+    text = (out / "summary.md").read_text()
+    assert "## test perplexity, sliding (stride 2)" in text
+    assert "| alibi | yarn×4 | 4 | 10.0 |" in text
+
+
+def test_report_dir_is_not_read_back(sweep):
+    report(sweep)
+    out = report(sweep)  # the first report's results.csv must not count as a run
+    assert len(pd.read_csv(out / "results.csv")) == 12
+    assert not (out / REPORT_DIR).exists()

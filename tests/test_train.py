@@ -1,0 +1,231 @@
+"""Training: resume gives the uninterrupted run's numbers exactly, finished runs are skipped, faults stop cleanly."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from posbench import train as train_module
+from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
+from posbench.config import CONFIG_DIR
+from posbench.errors import PosbenchError
+from posbench.model import LanguageModel
+from posbench.train import RESUME_IGNORED, config_differences, lr_factor, resume_source, train
+
+REPO = Path(__file__).resolve().parents[1]
+#: Seconds of training and evaluation: validation every 4 steps, resume state every 3 (plus train.steps, eval_lens).
+TINY = ["experiment=smoke", "train.eval_every=4", "train.checkpoint_every=3", "eval.splits=[valid]", "eval.max_tokens=1024", "train.val_tokens=512"]
+SMALL = [*TINY, "train.steps=10", "eval_lens=[32,64]"]
+
+
+@pytest.fixture
+def small_config(compose_config, mini_data):
+    def _config(*overrides: str):
+        return compose_config("train", [*SMALL, f"data.path={mini_data}", *overrides])
+
+    return _config
+
+
+def numbers(results: pd.DataFrame) -> pd.DataFrame:
+    """results.csv without the one column that names the folder."""
+    return results.drop(columns=["run_dir"]).reset_index(drop=True)
+
+
+def test_lr_factor_warms_up_then_decays_to_min_ratio():
+    assert lr_factor(0, warmup=4, total=20, min_ratio=0.1) == pytest.approx(0.25)
+    assert lr_factor(3, warmup=4, total=20, min_ratio=0.1) == pytest.approx(1.0)
+    assert lr_factor(12, warmup=4, total=20, min_ratio=0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way: cos(pi/2)=0
+    assert lr_factor(20, warmup=4, total=20, min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_config_differences_ignore_only_settings_that_change_no_number(compose_config):
+    base = compose_config("train", ["experiment=smoke"])
+    other = compose_config("train", ["experiment=smoke", "train.resume=false", "data.path=/elsewhere", "device=cpu", "train.checkpoint_every=7"])
+    assert config_differences(base, other) == []
+    changed = compose_config("train", ["experiment=smoke", "train.steps=7", "encoding=rope"])
+    differences = config_differences(base, changed)
+    assert "train.steps: 6 -> 7" in differences
+    assert any(d.startswith("encoding.name: alibi -> rope") for d in differences)
+
+
+def test_folder_names_leave_out_exactly_the_keys_resume_ignores():
+    # One idea, two places: a key that may change on resume must not rename the run folder, and vice versa.
+    hydra = yaml.safe_load((CONFIG_DIR / "train.yaml").read_text())["hydra"]
+    assert set(hydra["job"]["config"]["override_dirname"]["exclude_keys"]) == set(RESUME_IGNORED)
+    assert hydra["sweep"]["subdir"] == "${hydra.job.override_dirname}"  # not the job's number: stable across re-launches
+
+
+def test_resume_source_follows_train_resume(compose_config, tmp_path):
+    def source(value):
+        return resume_source(compose_config("train", [f"train.resume={value}"]), tmp_path)
+
+    assert source("auto") is None and source("false") is None
+    with pytest.raises(PosbenchError, match="train.resume=true but .* holds no last.pt"):
+        source("true")
+    (tmp_path / RESUME_CHECKPOINT).write_bytes(b"")
+    assert source("auto") == source("true") == tmp_path / RESUME_CHECKPOINT
+    assert source("false") is None
+    assert source(str(tmp_path)) == tmp_path / RESUME_CHECKPOINT  # a folder means its last.pt
+    assert source(str(tmp_path / "elsewhere.pt")) == tmp_path / "elsewhere.pt"
+
+
+def interrupt_at(monkeypatch, call: int, signum=signal.SIGTERM) -> None:
+    """Send this process ``signum`` while the ``call``-th training batch is drawn."""
+    calls = {"n": 0}
+    sample = train_module.sample_batch
+
+    def sample_and_signal(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            signal.raise_signal(signum)
+        return sample(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "sample_batch", sample_and_signal)
+
+
+@pytest.mark.slow
+def test_signal_saves_state_and_resume_matches_uninterrupted_run(small_config, tmp_path, monkeypatch):
+    reference = train(small_config(), tmp_path / "reference")
+    interrupt_at(monkeypatch, call=5)  # step 5: after the periodic checkpoint at 3, before the one at 6
+    with pytest.raises(PosbenchError, match="stopped by SIGTERM at step 5 of 10"):
+        train(small_config(), tmp_path / "run")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+    state = load_checkpoint(tmp_path / "run" / RESUME_CHECKPOINT)
+    assert state["progress"]["step"] == 5 and state["progress"]["tokens_seen"] == 5 * 4 * 32  # steps x batch x train_len
+    assert not (tmp_path / "run" / "results.csv").exists()
+    assert len(pd.read_csv(tmp_path / "run" / "train_log.csv")) == 5  # log_every=1 in smoke
+
+    monkeypatch.undo()
+    resumed = train(small_config(), tmp_path / "run")
+    assert resumed["best_valid_loss"] == reference["best_valid_loss"]
+    pd.testing.assert_frame_equal(numbers(resumed["results"]), numbers(reference["results"]), check_exact=True)
+    pd.testing.assert_frame_equal(numbers(pd.read_csv(tmp_path / "run" / "results.csv")), numbers(pd.read_csv(tmp_path / "reference" / "results.csv")), check_exact=True)
+    logs = [pd.read_csv(tmp_path / d / "train_log.csv").drop(columns="tokens_per_s") for d in ("reference", "run")]
+    pd.testing.assert_frame_equal(*logs, check_exact=True)
+    assert not (tmp_path / "run" / RESUME_CHECKPOINT).exists()  # finished: checkpoint.pt and results.csv remain
+    assert load_checkpoint(tmp_path / "run" / CHECKPOINT)["valid_loss"] == reference["best_valid_loss"]
+
+
+@pytest.mark.slow
+def test_finished_run_is_skipped_and_a_changed_config_is_refused(small_config, tmp_path, monkeypatch):
+    first = train(small_config(), tmp_path)
+    results_written = (tmp_path / "results.csv").stat().st_mtime_ns
+    monkeypatch.setattr(train_module, "load_corpus", lambda cfg: pytest.fail("a finished run must not train again"))
+    again = train(small_config(), tmp_path)
+    assert (tmp_path / "results.csv").stat().st_mtime_ns == results_written
+    assert list(again["results"]["ppl"]) == list(first["results"]["ppl"])
+    with pytest.raises(PosbenchError, match=r"finished run that has another config \(train.lr: 0.003 -> 0.001\).*train.resume=false"):
+        train(small_config("train.lr=0.001"), tmp_path)
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_checkpoint_of_another_config(small_config, tmp_path, monkeypatch):
+    interrupt_at(monkeypatch, call=5)
+    with pytest.raises(PosbenchError, match="stopped by SIGTERM"):
+        train(small_config(), tmp_path)
+    monkeypatch.undo()
+    with pytest.raises(PosbenchError, match=r"last.pt has another config \(train.lr: 0.003 -> 0.001\)"):
+        train(small_config("train.lr=0.001"), tmp_path)
+    with pytest.raises(PosbenchError, match="trained with encoding=alibi, not encoding=rope"):
+        train(small_config("encoding=rope"), tmp_path)
+    with pytest.raises(PosbenchError, match="holds no training state"):  # the best model alone cannot resume training
+        train(small_config(f"train.resume={tmp_path / CHECKPOINT}"), tmp_path / "other")
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(small_config, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    token_nll = LanguageModel.token_nll
+
+    def nan_at_step_7(self, idx, targets):
+        nll = token_nll(self, idx, targets)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 7:
+                return nll * float("nan")
+        return nll
+
+    monkeypatch.setattr(LanguageModel, "token_nll", nan_at_step_7)
+    with pytest.raises(PosbenchError, match=r"training loss is nan at step 7; .*checkpoint.pt \(best, step 4\) kept"):
+        train(small_config(), tmp_path)
+    assert load_checkpoint(tmp_path / CHECKPOINT)["step"] == 4  # the best model of the validation at step 4
+    assert load_checkpoint(tmp_path / RESUME_CHECKPOINT)["progress"]["step"] == 6  # the last periodic state
+    log = pd.read_csv(tmp_path / "train_log.csv")
+    assert list(log["step"]) == [1, 2, 3, 4, 5, 6, 7] and math.isnan(log["train_loss"].iloc[-1])
+    assert log["valid_loss"].notna().sum() == 1  # what was evaluated so far: the validation at step 4
+    assert not (tmp_path / "results.csv").exists()
+
+
+@pytest.mark.slow
+def test_spikes_are_flagged_in_train_log(small_config, tmp_path, monkeypatch):
+    token_nll = LanguageModel.token_nll
+    calls = {"n": 0}
+
+    def spike_at_step_6(self, idx, targets):
+        nll = token_nll(self, idx, targets)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] == 6:
+                return nll * 10.0  # ten times the loss and the gradient: beyond both default ratios (1.5, 5)
+        return nll
+
+    monkeypatch.setattr(LanguageModel, "token_nll", spike_at_step_6)
+    train(small_config(), tmp_path)
+    log = pd.read_csv(tmp_path / "train_log.csv").set_index("step")
+    assert log.loc[6, "loss_spike"] and log.loc[6, "grad_spike"]
+    assert not log.drop(index=6)["loss_spike"].any()
+
+
+@pytest.mark.slow
+def test_killed_subprocess_resumes_to_the_uninterrupted_numbers(mini_data, tmp_path):
+    """SIGKILL (no chance to save) mid-training: the periodic last.pt is all there is, and it is enough."""
+    args = [*TINY, "train.steps=16", "eval_lens=[32,64]", f"data.path={mini_data}"]
+
+    def command(run_dir: Path) -> list[str]:
+        return [sys.executable, "-m", "posbench", "train", *args, f"hydra.run.dir={run_dir}"]
+
+    reference = subprocess.Popen(command(tmp_path / "reference"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    killed = subprocess.Popen(command(tmp_path / "run"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / RESUME_CHECKPOINT).exists():
+        assert killed.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert not (tmp_path / "run" / "results.csv").exists()
+    resumed = subprocess.run(command(tmp_path / "run"), cwd=REPO, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr + resumed.stdout
+    assert reference.wait() == 0, reference.stderr.read()
+    results = [numbers(pd.read_csv(tmp_path / d / "results.csv")) for d in ("reference", "run")]
+    pd.testing.assert_frame_equal(*results, check_exact=True)
+
+
+@pytest.mark.slow
+def test_relaunched_sweep_skips_finished_jobs_in_stable_folders(mini_data, tmp_path):
+    sweep = tmp_path / "sweep"
+
+    def launch(encodings: str) -> subprocess.CompletedProcess:
+        args = ["-m", "train", f"encoding={encodings}", *TINY, "train.steps=4", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.sweep.dir={sweep}"]
+        return subprocess.run([sys.executable, "-m", "posbench", *args], cwd=REPO, capture_output=True, text=True)
+
+    first = launch("none")
+    assert first.returncode == 0, first.stderr
+    (run,) = [d for d in sweep.iterdir() if d.is_dir()]
+    # named by its overrides (sorted; data.path and other RESUME_IGNORED keys left out), not by its job number
+    assert run.name.startswith("encoding=none,eval.max_tokens=1024,") and "data.path" not in run.name
+    written = (run / "results.csv").stat().st_mtime_ns
+    second = launch("none,alibi")
+    assert second.returncode == 0, second.stderr
+    assert "already holds this run, finished" in second.stdout + second.stderr
+    assert (run / "results.csv").stat().st_mtime_ns == written
+    assert (sweep / run.name.replace("encoding=none", "encoding=alibi") / "results.csv").is_file()
