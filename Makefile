@@ -18,7 +18,7 @@ quick: ## sweep ENCODINGS with experiment=quick on DATA into SWEEP_DIR, then rep
 	$(PYTHON) -m posbench report $(SWEEP_DIR)
 
 test: ## the whole test suite, slow end-to-end tests included (what CI runs)
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -q
 
 test-fast: ## the fast tests only
-	$(PYTHON) -m pytest -m "not slow"
+	$(PYTHON) -m pytest -q -m "not slow"

@@ -80,6 +80,9 @@ def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch):
     assert_same(*full, *nll_and_grads(lm, x, y))
 
 
+# A known torch 2.13 fault, kept visible rather than deleted: compiled FlexAttention on CPU gives NaN or
+# 1e-3 errors once it recompiles for another encoding or length. `auto` never picks flex for that reason.
+@pytest.mark.xfail(not CUDA, reason="compiled FlexAttention on CPU is wrong after recompiling (torch 2.13)", strict=False)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_flex_equals_eager(name):
@@ -99,29 +102,24 @@ def test_flex_equals_eager(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rope", "alibi"])
 def test_compiled_blocks_equal_eager(name):
-    """model.compile=true, with sdpa in training and flex in evaluation (rope: q, k with new strides)."""
+    """model.compile=true trains with the same numbers as eager (rope: q, k with new strides)."""
     x, y = batch()
     reference = build(name, "eager")
-    compiled = build(name, "auto", compile=True)
+    compiled = build(name, "sdpa", compile=True)
     assert list(compiled.state_dict()) == list(reference.state_dict())  # no `_orig_mod.` prefix
     assert_same(*nll_and_grads(reference, x, y), *nll_and_grads(compiled, x, y))
-    flex = build(name, "flex", compile=True)
-    with torch.no_grad():
-        torch.testing.assert_close(flex.token_nll(x, y), reference.token_nll(x, y), atol=1e-5, rtol=1e-5)
 
 
 def alibi_attention(backend: str) -> Attention:
     return Attention(backend, ENCODINGS["alibi"][1](ENCODINGS["alibi"][0](), n_heads=8))
 
 
-def test_auto_picks_flex_for_long_bias_evaluation_and_sdpa_otherwise():
+def test_auto_picks_sdpa_with_query_blocks_for_long_bias_evaluation():
     cpu = torch.device("cpu")
     auto = alibi_attention("auto")
-    assert auto.pick(16384, cpu, needs_grad=False, dropout_p=0.0) == "flex"
-    assert auto.pick(16384, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"  # no FlexAttention backward on CPU
-    assert auto.pick(256, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
-    rope = Attention("auto", ENCODINGS["rope"][1](ENCODINGS["rope"][0](), n_heads=8, head_dim=32, d_model=256, train_len=256))
-    assert rope.pick(16384, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
+    assert auto.pick(256, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"
+    plan = auto.plan(16384, cpu, needs_grad=False, dropout_p=0.0)
+    assert plan.backend == "sdpa" and plan.mask is None and plan.query_block is not None
 
 
 def test_long_sequences_never_build_the_full_mask():
