@@ -138,7 +138,8 @@ def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "pp
                 cell += f" ({100 * (mean / base - 1):+.1f}%)"
             cells[eval_len] = cell
         if value == "ppl":
-            cells["unigram"] = f"{group['unigram_ppl'].mean():.1f}"
+            unigram = group["unigram_ppl"].mean()
+            cells["unigram"] = "" if pd.isna(unigram) else f"{unigram:.1f}"  # runs older than the column
         rows[key] = cells
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.names = LINE
