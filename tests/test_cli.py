@@ -38,6 +38,7 @@ def test_train_help_shows_config_groups():
         ("encoding=alibii", "valid choices in 'encoding': alibi"),
         ("trian_len=5", "Key 'trian_len' not in"),
         ("train_len=0", "train_len must hold positive integers"),
+        ("model.attention=fash", "model.attention must be one of auto, sdpa, flex, eager"),
     ],
 )
 def test_bad_config_is_one_line_and_exit_2(override, message):

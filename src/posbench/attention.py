@@ -143,7 +143,7 @@ class Attention:
         return None
 
     def pick(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> str:
-        """The backend for one pass: the requested one, or for ``auto`` the fastest that works.
+        """The backend for one pass: the requested one (flex where it can run), sdpa for ``auto``.
 
         ``auto``: sdpa, whose query blocks keep long sequences in linear memory. Flex is opt-in:
         compiled on CPU (torch 2.13) it was measured to give wrong outputs (NaN or errors of

@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .attention import BACKENDS
 from .data import DataConfig
 from .errors import PosbenchError
 from .logger import check_logger
@@ -126,6 +127,8 @@ def check_config(cfg) -> None:
             raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
     if m.d_model % m.n_heads:
         raise PosbenchError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
+    if m.attention not in BACKENDS:
+        raise PosbenchError(f"model.attention must be one of {', '.join(BACKENDS)}, got {m.attention!r}")
     check_logger(cfg.logger)
     check_eval(cfg.eval)
     unknown = set(cfg.eval.splits) - {"train", "valid", "test"}
