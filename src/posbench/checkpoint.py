@@ -60,11 +60,18 @@ def load_checkpoint(path: Path, map_location="cpu", *, encoding: str | None = No
     saved_encoding = OmegaConf.select(payload["config"], "encoding.name")
     if encoding is not None and saved_encoding != encoding:
         raise PosbenchError(f"checkpoint {path} was trained with encoding={saved_encoding}, not encoding={encoding}")
-    if vocab is not None and payload["vocab"] != list(vocab):
-        saved = payload["vocab"]
-        where = next((i for i, (a, b) in enumerate(zip(saved, vocab)) if a != b), min(len(saved), len(vocab)))
-        raise PosbenchError(
-            f"checkpoint {path} has a vocabulary of {len(saved):,} words that does not match the data's "
-            f"{len(vocab):,} (they first differ at word {where}); was it trained on other data (data.path)?"
-        )
+    if vocab is not None:
+        check_vocab(payload, vocab, path)
     return payload
+
+
+def check_vocab(payload: dict, vocab: list[str], path: Path) -> None:
+    """Refuse a checkpoint whose vocabulary is not the data's (the token ids would mean other words)."""
+    saved = payload["vocab"]
+    if saved == list(vocab):
+        return
+    where = next((i for i, (a, b) in enumerate(zip(saved, vocab)) if a != b), min(len(saved), len(vocab)))
+    raise PosbenchError(
+        f"checkpoint {path} has a vocabulary of {len(saved):,} words that does not match the data's "
+        f"{len(vocab):,} (they first differ at word {where}); was it trained on other data (data.path)?"
+    )

@@ -17,7 +17,7 @@ import pandas as pd
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .checkpoint import CHECKPOINT, load_checkpoint
+from .checkpoint import CHECKPOINT, check_vocab, load_checkpoint
 from .config import Config, EvalConfig, check_config, check_eval
 from .data import DataConfig, load_corpus
 from .errors import PosbenchError
@@ -100,11 +100,7 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     cfg = run_config(payload["config"], command, keys)
     check_config(cfg)
     corpus = load_corpus(cfg.data)
-    if corpus.vocab != list(payload["vocab"]):
-        raise PosbenchError(
-            f"the checkpoint's vocabulary ({len(payload['vocab'])} words) does not match the data at "
-            f"{cfg.data.path or cfg.data.hf_path} ({corpus.vocab_size} words); pass the run's data.path=DIR"
-        )
+    check_vocab(payload, corpus.vocab, Path(command.checkpoint))
     device = resolve_device(cfg.device)
     model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len).to(device)
     try:
