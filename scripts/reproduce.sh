@@ -8,38 +8,33 @@
 #
 # Usage:  scripts/reproduce.sh [DATA_DIR]        (default ../shared/data/wikitext-2-mini)
 # Settings, all overridable from the environment:
-#   OUT        outputs/study           where the runs and OUT/report go
-#   ENCODINGS  alibi,rope,sinusoidal,learned,none
-#   SEEDS      0,1,2
-#   EXPERIMENT study
-#   STRIDE     1024                    sliding-window stride (tokens; see the budget below)
-#   SCALINGS   linear,ntk,yarn         RoPE context extensions, each at FACTORS
-#   FACTORS    4,16
-#   TRAIN_ARGS ""                      extra train overrides, e.g. "train.steps=2" for a dry run
-#   EVAL_ARGS  ""                      extra eval overrides for steps 2 and 3
-# A dry run in seconds: EXPERIMENT=smoke SEEDS=0 ENCODINGS=rope,alibi STRIDE=16 FACTORS=4 \
+#   OUT              outputs/study           where the runs and OUT/report go
+#   ENCODINGS        alibi,rope,sinusoidal,learned,none      trained with every seed in SEEDS
+#   SEEDS            0,1,2
+#   EXTRA_ENCODINGS  t5,kerple_log,kerple_power,fire,xpos    trained with EXTRA_SEEDS ("" skips them)
+#   EXTRA_SEEDS      0
+#   EXPERIMENT       study
+#   JOBS             2                       runs at a time, one torch thread each (hydra/launcher=joblib,
+#                                            from the cluster extra; JOBS=1: one run on all threads)
+#   STRIDE           1024                    sliding-window stride (tokens; see the budget below)
+#   SCALINGS         linear,ntk,yarn         RoPE context extensions, each at FACTORS
+#   FACTORS          4,16
+#   TRAIN_ARGS       ""                      extra train overrides, e.g. "train.steps=2" for a dry run
+#   EVAL_ARGS        ""                      extra eval overrides for steps 2 and 3
+# A dry run in seconds: EXPERIMENT=smoke SEEDS=0 ENCODINGS=rope,alibi EXTRA_ENCODINGS=t5 STRIDE=16 FACTORS=4 \
 #   TRAIN_ARGS="train.steps=2 eval_lens=[32,64]" OUT=/tmp/study scripts/reproduce.sh
 #
-# Time budget on 2 CPU cores (< 2.5 h = 150 min). Measured: the quick preset takes ~7 min per
-# run (training + non-overlapping eval of valid and test at 256..4096; the lead's figure on
-# this machine). Per-length eval times of 16,384 tokens (ALiBi, quick, from the train.log of
-# `python -m posbench -m train encoding=alibi,... experiment=quick`, 2026-11-29, while other jobs
-# shared the cores: training took 11 min there, so these are ~1.5x too slow):
-#   256: 4.0 s, 512: 4.6 s, 1024: 5.8 s, 2048: 7.1 s, 4096: 12.9 s  ->  ~3.4 s + 2.3 ms x L,
-#   so 8192: ~22 s.
-# Sliding windows of L advancing by S over N = 16,384 tokens run ~(N - L)/S + 1 windows, i.e.
-# that many times L/N the non-overlapping cost at L. At S = 1024: 9 x 8192, 13 x 4096,
-# 15 x 2048 tokens (L <= 1024: stride = L, the non-overlapping windows) ->
-#   4.5 x 22 + 3.25 x 12.9 + 1.9 x 7.1 + 5.8 + 4.6 + 4.0 = ~170 s loaded, ~110 s on free cores.
-# At S = 512 it is ~315 s loaded (S = 128: ~4x that): over budget with 15 runs.
-#   1. 5 encodings x 3 seeds = 15 runs x ~7 min, less the valid-split eval it skips
-#      (~0.6 min), plus 8192 (~0.25 min)                                       ~100 min
-#   2. sliding, S = 1024: 15 runs x ~2 min                                          ~30 min
-#   3. 3 RoPE runs x 6 scalings, non-overlapping test at 6 lengths (~40 s each)    ~12 min
-#   4. report                                                                       < 1 min
-#                                                                        total    ~143 min
-# More encodings (t5, kerple_log, kerple_power, fire, xpos) add ~9 min each per seed:
-# with all ten at 3 seeds the study takes ~4.5 h; pass ENCODINGS to choose.
+# Time budget on 2 CPU cores (< 2.5 h), measured on this machine (2026-11-29, torch 2.13 CPU):
+# - 40 training steps of the quick preset, ALiBi: 31 s with attention dropout, 24 s without
+#   (experiment=study drops it); two runs side by side with one thread each finish 1.37x sooner
+#   than one after the other with two threads (hence JOBS=2).
+# - Non-overlapping test evaluation of 16,384 tokens: ~3 s at 256..1024, 5 s at 2048, 12 s at
+#   4096 (FIRE 18 s), ~25 s at 8192. Sliding windows of L advancing by S over N = 16,384 tokens
+#   cost ~((N - L)/S + 1) x L/N times that: ~110 s per run at S = 1024 (S = 128 is ~8x that).
+# Expected: 20 runs x ~3 min of training and evaluation (two at a time) ~60 min, sliding ~27 min,
+# RoPE scalings (3 runs x 6 variants x 6 lengths) ~9 min, report < 1 min: ~1.6 h.
+# Every encoding at 3 seeds (EXTRA_SEEDS=0,1,2) adds ~45 min: over the 2.5 h budget.
+# Interrupted? Run it again: finished training runs are skipped; evaluations are redone.
 set -euo pipefail
 
 DATA=$(realpath "${1:-${DATA:-../shared/data/wikitext-2-mini}}")
@@ -48,34 +43,63 @@ PYTHON=${PYTHON:-python3}
 OUT=${OUT:-outputs/study}
 ENCODINGS=${ENCODINGS:-alibi,rope,sinusoidal,learned,none}
 SEEDS=${SEEDS:-0,1,2}
+EXTRA_ENCODINGS=${EXTRA_ENCODINGS-t5,kerple_log,kerple_power,fire,xpos}
+EXTRA_SEEDS=${EXTRA_SEEDS:-0}
 EXPERIMENT=${EXPERIMENT:-study}
+JOBS=${JOBS:-2}
 STRIDE=${STRIDE:-1024}
 SCALINGS=${SCALINGS:-linear,ntk,yarn}
 FACTORS=${FACTORS:-4,16}
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
+if (( JOBS > 1 )); then
+    LAUNCH=(hydra/launcher=joblib "hydra.launcher.n_jobs=${JOBS}" threads=1)
+    EVAL_THREADS=(threads=1)
+else
+    LAUNCH=()
+    EVAL_THREADS=()
+fi
 
 start=$(date +%s)
 stamp() { echo "[reproduce] $(( ($(date +%s) - start) / 60 )) min: $*"; }
 
-stamp "training ${ENCODINGS} x seeds ${SEEDS} (experiment=${EXPERIMENT}) into ${OUT}"
-"$PYTHON" -m posbench -m train "encoding=${ENCODINGS}" "seed=${SEEDS}" "experiment=${EXPERIMENT}" \
-    "data.path=${DATA}" "hydra.sweep.dir=${OUT}" "${TRAIN_ARGS[@]}"
+# Up to JOBS commands at a time, each in its own run folder (two evaluations of one folder
+# would race on its results.csv); any failure fails the script once all have ended.
+failed=0
+spawn() {
+    while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=1; done
+    "$@" &
+}
+join() {
+    while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=1; done
+    (( failed == 0 )) || { echo "[reproduce] an evaluation failed (see above)" >&2; exit 1; }
+}
+
+train() {  # encodings seeds
+    stamp "training $1 x seeds $2 (experiment=${EXPERIMENT}) into ${OUT}"
+    "$PYTHON" -m posbench -m train "encoding=$1" "seed=$2" "experiment=${EXPERIMENT}" \
+        "data.path=${DATA}" "hydra.sweep.dir=${OUT}" "${LAUNCH[@]}" "${TRAIN_ARGS[@]}"
+}
+train "$ENCODINGS" "$SEEDS"
+[[ -z "$EXTRA_ENCODINGS" ]] || train "$EXTRA_ENCODINGS" "$EXTRA_SEEDS"
 
 runs=()
 for checkpoint in "$OUT"/*/checkpoint.pt; do runs+=("$(dirname "$checkpoint")"); done
 
+stamp "sliding windows, stride ${STRIDE}: ${#runs[@]} runs"
 for run in "${runs[@]}"; do
-    stamp "sliding windows, stride ${STRIDE}: ${run}"
-    "$PYTHON" -m posbench eval "checkpoint='${run}'" eval.mode=sliding "eval.stride=${STRIDE}" "${EVAL_ARGS[@]}"
+    spawn "$PYTHON" -m posbench eval "checkpoint='${run}'" eval.mode=sliding "eval.stride=${STRIDE}" \
+        "${EVAL_THREADS[@]}" "${EVAL_ARGS[@]}"
 done
+join
 
+stamp "RoPE scaling ${SCALINGS} x ${FACTORS}"
 for run in "${runs[@]}"; do
     grep -q '^rope,' "$run/results.csv" || continue
-    stamp "RoPE scaling ${SCALINGS} x ${FACTORS}: ${run}"
-    "$PYTHON" -m posbench -m eval "checkpoint='${run}'" "rope.scaling.type=${SCALINGS}" "rope.scaling.factor=${FACTORS}" \
-        "${EVAL_ARGS[@]}"
+    spawn "$PYTHON" -m posbench -m eval "checkpoint='${run}'" "rope.scaling.type=${SCALINGS}" \
+        "rope.scaling.factor=${FACTORS}" "${EVAL_THREADS[@]}" "${EVAL_ARGS[@]}"
 done
+join
 
 "$PYTHON" -m posbench report "$OUT"
 stamp "done; wall time $(( $(date +%s) - start )) s"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import pandas as pd
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -49,6 +50,8 @@ class EvalCommandConfig:
     #: RoPE context extension, for checkpoints of encodings with a ``scaling`` option.
     rope: RopeOverrides = field(default_factory=RopeOverrides)
     device: str = "auto"
+    #: Torch CPU threads (``null``: torch's default); set 1 when N evaluations share N cores.
+    threads: Optional[int] = None
     debug: bool = False
 
 
@@ -99,6 +102,8 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     payload = load_checkpoint(Path(command.checkpoint))
     cfg = run_config(payload["config"], command, keys)
     check_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     corpus = load_corpus(cfg.data)
     check_vocab(payload, corpus.vocab, Path(command.checkpoint))
     device = resolve_device(cfg.device)
