@@ -56,18 +56,22 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout
 
 _compiled_flex = None
 
+#: One kernel per (length, encoding): allow more of them than torch's default 8 before it gives up compiling.
+FLEX_RECOMPILE_LIMIT = 64
+
 
 def flex_kernel():
     """``flex_attention`` compiled once per process (uncompiled it materialises every score).
 
-    Default (automatic) dynamic shapes: a second length recompiles once into a kernel for any
-    length, so evaluations never hit the recompile limit and the uncompiled fallback.
+    Static shapes, one kernel per (padded) length: the combination the tests check against eager.
     """
     global _compiled_flex
     if _compiled_flex is None:
+        import torch._dynamo.config
         from torch.nn.attention.flex_attention import flex_attention
 
-        _compiled_flex = torch.compile(flex_attention)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 
 
@@ -86,7 +90,11 @@ def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor
     return q_idx >= kv_idx
 
 
-def causal_block_mask(seq_len: int, device: torch.device, block: int = 128):
+#: FlexAttention's block size; flex sequences are padded to a multiple of it (``Attention.__call__``).
+FLEX_BLOCK = 128
+
+
+def causal_block_mask(seq_len: int, device: torch.device, block: int = FLEX_BLOCK):
     """Flex's causal BlockMask written down directly: query block i sees key blocks 0..i-1 whole
     and block i through ``causal``. (``create_block_mask`` evaluates the mask on the full T×T
     grid: 2.6 GB at 16,384 tokens.)"""
@@ -146,8 +154,7 @@ class Attention:
         """The backend for one pass: the requested one (flex where it can run), sdpa for ``auto``.
 
         ``auto``: sdpa, whose query blocks keep long sequences in linear memory. Flex is opt-in:
-        compiled on CPU (torch 2.13) it was measured to give wrong outputs (NaN or errors of
-        1e-3) after recompiling for a new length (tests/test_attention.py::test_flex_equals_eager).
+        on CPU it compiles a kernel for every length and cannot train (docs/performance.md).
         """
         if self.backend == "auto":
             return "sdpa"
@@ -165,7 +172,8 @@ class Attention:
     def plan(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> Plan:
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
         if backend == "flex":
-            block_mask = self.cached(("block", seq_len, device), lambda: causal_block_mask(seq_len, device))
+            padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
+            block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
             return Plan("flex", seq_len, block_mask=block_mask)
         if backend == "sdpa" and not self.encoding.has_bias:
             return Plan("sdpa", seq_len, dropout_p)  # is_causal: no mask at all
@@ -188,9 +196,14 @@ class Attention:
         """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's bias."""
         if plan.backend == "flex" and not self.flex_broken:
             try:
-                # contiguous: under torch.compile, rotated q, k beside a strided v gave wrong results
-                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-                return flex_kernel()(q, k, v, score_mod=self.score_mod, block_mask=plan.block_mask)
+                # Zero-padded to whole blocks: on CPU (torch 2.13) a block the sequence only partly
+                # fills gave NaN or wrong outputs (scripts/flex_cpu_check.py); padded keys come after
+                # every real query, so the causal mask hides them. The copy also makes q, k, v
+                # contiguous: rotated q, k beside a strided v gave wrong results under compile.
+                pad = plan.block_mask.seq_lengths[0] - plan.seq_len
+                padded = [F.pad(t, (0, 0, 0, pad)) for t in (q, k, v)]
+                out = flex_kernel()(*padded, score_mod=self.score_mod, block_mask=plan.block_mask)
+                return out[:, :, : plan.seq_len]
             except Exception as e:  # noqa: BLE001 - any compile failure: fall back, as documented
                 self.flex_broken = True
                 self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); using sdpa")
