@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The extrapolation study of docs/results.md, end to end:
-#   1. train every encoding x 3 seeds with experiment=study (the quick preset, evaluated
-#      non-overlapping on the first 16,384 test tokens at 256..8192 = 1x..32x train_len);
+#   1. train every encoding with experiment=study (the quick preset without attention dropout,
+#      evaluated non-overlapping on the first 16,384 test tokens at 256..8192 = 1x..32x train_len):
+#      ENCODINGS x SEEDS, then EXTRA_ENCODINGS x EXTRA_SEEDS;
 #   2. evaluate every run again with sliding windows (stride $STRIDE);
 #   3. evaluate every RoPE run with linear / NTK / YaRN context extension x4 and x16;
 #   4. python -m posbench report.
