@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
-from posbench.report import REPORT_DIR, report
+from posbench.positional import ENCODINGS
+from posbench.report import REPORT_DIR, encoding_colour, line_styles, report
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -96,3 +97,12 @@ def test_report_dir_is_not_read_back(sweep):
     out = report(sweep)  # the first report's results.csv must not count as a run
     assert len(pd.read_csv(out / "results.csv")) == 12
     assert not (out / REPORT_DIR).exists()
+
+
+def test_an_encoding_keeps_its_colour_whatever_else_is_plotted():
+    """per_position_loss.png lacks encodings that cannot serve the longest length; colours must not shift."""
+    every = line_styles([("alibi", "", 256), ("learned", "", 256), ("rope", "", 256), ("rope", "yarn×4", 256)])
+    fewer = line_styles([("alibi", "", 256), ("rope", "", 256)])
+    assert every[("rope", "", 256)]["color"] == fewer[("rope", "", 256)]["color"] == every[("rope", "yarn×4", 256)]["color"]
+    assert every[("rope", "", 256)]["linestyle"] != every[("rope", "yarn×4", 256)]["linestyle"]
+    assert len({encoding_colour(name) for name in ENCODINGS}) == len(ENCODINGS)

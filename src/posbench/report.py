@@ -21,6 +21,7 @@ import pandas as pd  # noqa: E402
 from .errors import PosbenchError  # noqa: E402
 from .evaluate import PER_POSITION  # noqa: E402
 from .io import ERROR_FILE, atomic_write, write_csv, write_text  # noqa: E402
+from .positional import ENCODINGS  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -173,15 +174,20 @@ def mode_title(results: pd.DataFrame, mode: str) -> str:
     return f"{mode} (stride {', '.join(str(int(s)) for s in strides)})" if strides else mode
 
 
+def encoding_colour(encoding: str):
+    """An encoding's colour, the same in every figure and report: its place in the registry."""
+    names = list(ENCODINGS)
+    return plt.get_cmap("tab10")((names.index(encoding) if encoding in names else len(names)) % 10)
+
+
 def line_styles(keys: list[tuple]) -> dict[tuple, dict]:
-    """A colour per line; variants of one encoding share its colour with other dash patterns."""
+    """A colour per encoding; its variants share the colour with other dash patterns."""
     encodings = sorted({k[0] for k in keys})
-    colours = {e: plt.get_cmap("tab10")(i % 10) for i, e in enumerate(encodings)}
     dashes = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3))]
     styles = {}
     for encoding in encodings:
         for j, key in enumerate(sorted(k for k in keys if k[0] == encoding)):
-            styles[key] = dict(color=colours[encoding], linestyle=dashes[j % len(dashes)])
+            styles[key] = dict(color=encoding_colour(encoding), linestyle=dashes[j % len(dashes)])
     return styles
 
 
@@ -304,10 +310,9 @@ def plot_training_curves(root: Path, path: Path) -> bool:
         return False
     df = pd.concat(frames, ignore_index=True)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    colours = {e: plt.get_cmap("tab10")(i % 10) for i, e in enumerate(sorted(df["encoding"].unique()))}
     for (encoding, train_len), group in df.groupby(["encoding", "train_len"]):
         curve = group.groupby("tokens")["valid_loss"].mean()
-        ax.plot(curve.index, curve.values, marker=".", color=colours[encoding], label=label(encoding, "", train_len))
+        ax.plot(curve.index, curve.values, marker=".", color=encoding_colour(encoding), label=label(encoding, "", train_len))
     ax.set_xlabel("training tokens seen")
     ax.set_ylabel("validation loss (nats, mean over seeds)")
     ax.set_title("Training curves")
