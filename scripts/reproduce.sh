@@ -32,9 +32,10 @@
 # - Non-overlapping test evaluation of 16,384 tokens: ~3 s at 256..1024, 5 s at 2048, 12 s at
 #   4096 (FIRE 18 s), ~25 s at 8192. Sliding windows of L advancing by S over N = 16,384 tokens
 #   cost ~((N - L)/S + 1) x L/N times that: ~110 s per run at S = 1024 (S = 128 is ~8x that).
-# Expected: 20 runs x ~3 min of training and evaluation (two at a time) ~60 min, sliding ~27 min,
-# RoPE scalings (3 runs x 6 variants x 6 lengths) ~9 min, report < 1 min: ~1.6 h.
-# Every encoding at 3 seeds (EXTRA_SEEDS=0,1,2) adds ~45 min: over the 2.5 h budget.
+# Measured with these defaults (docs/results.md, 2026-11-29): training 20 runs 75 min, sliding
+# 35 min, RoPE scalings (3 runs x 6 variants x 6 lengths) 12 min, report < 1 min: 122 min.
+# Every encoding at 3 seeds (EXTRA_SEEDS=0,1,2: 10 more runs, the slower bias encodings among
+# them) adds ~55 min: ~3 h, over the 2.5 h budget.
 # Interrupted? Run it again: finished training runs are skipped; evaluations are redone.
 set -euo pipefail
 
