@@ -123,10 +123,16 @@ def alibi_attention(backend: str) -> Attention:
     return Attention(backend, ENCODINGS["alibi"][1](ENCODINGS["alibi"][0](), n_heads=8))
 
 
-def test_auto_picks_sdpa_with_query_blocks_for_long_bias_evaluation():
+def test_auto_picks_flex_only_to_evaluate_long_sequences_with_bias():
     cpu = torch.device("cpu")
     auto = alibi_attention("auto")
-    assert auto.pick(256, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"
+    long = attention_mod.FLEX_AUTO_MIN_LEN
+    assert auto.pick(long, cpu, needs_grad=False, dropout_p=0.0) == "flex"
+    assert auto.pick(long, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"  # training: no flex backward on CPU
+    assert auto.pick(long - 1, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
+    rotary = Attention("auto", ENCODINGS["rope"][1](ENCODINGS["rope"][0](), head_dim=32, n_heads=8))
+    assert rotary.pick(long, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"  # causal SDPA needs no mask
+    auto.flex_broken = True
     plan = auto.plan(16384, cpu, needs_grad=False, dropout_p=0.0)
     assert plan.backend == "sdpa" and plan.mask is None and plan.query_block is not None
 
