@@ -106,3 +106,12 @@ def test_an_encoding_keeps_its_colour_whatever_else_is_plotted():
     assert every[("rope", "", 256)]["color"] == fewer[("rope", "", 256)]["color"] == every[("rope", "yarn×4", 256)]["color"]
     assert every[("rope", "", 256)]["linestyle"] != every[("rope", "yarn×4", 256)]["linestyle"]
     assert len({encoding_colour(name) for name in ENCODINGS}) == len(ENCODINGS)
+
+
+def test_variants_in_numeric_order(sweep):
+    for i, variant in enumerate(["linear×16", "linear×4", "linear×2"]):
+        write_run(sweep / f"{6 + i}_alibi_{variant}", "alibi", 0, variant=variant)
+    text = (report(sweep) / "summary.md").read_text()
+    rows = [text.index(f"| alibi | linear×{factor} | 4 |") for factor in (2, 4, 16)]
+    assert rows == sorted(rows)  # as strings ×16 would come before ×2 and ×4
+    assert [k[1] for k in line_styles([("alibi", "linear×16", 4), ("alibi", "linear×4", 4)])] == ["linear×4", "linear×16"]

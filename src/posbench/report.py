@@ -8,6 +8,7 @@ training_curves as PNG and SVG.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import matplotlib
@@ -97,6 +98,21 @@ def normalise(results: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def natural_key(text: str) -> str:
+    """``text`` with its numbers zero-padded, so ``linear×4`` sorts before ``linear×16``."""
+    return re.sub(r"\d+", lambda m: m.group().zfill(12), text)
+
+
+def line_key(key: tuple) -> tuple:
+    """The order of (encoding, variant, train_len) lines in tables and legends."""
+    return (key[0], natural_key(key[1]), *key[2:])
+
+
+def by_line(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """``df`` grouped by line, in ``line_key`` order."""
+    return sorted(df.groupby(LINE), key=lambda item: line_key(item[0]))
+
+
 def label(encoding: str, variant: str, train_len: int | None = None) -> str:
     name = f"{encoding} {variant}".strip()
     return name if train_len is None else f"{name} (train {train_len})"
@@ -111,7 +127,9 @@ def aggregate(results: pd.DataFrame) -> pd.DataFrame:
         ppl_beyond_mean=("ppl_beyond", "mean"), ppl_beyond_std=("ppl_beyond", "std"), unigram_ppl=("unigram_ppl", "mean"),
     ).reset_index()  # fmt: skip
     unsupported = results[results["status"] != "ok"].groupby(POINT, dropna=False)["status"].first().reset_index()
-    return pd.concat([summary, unsupported], ignore_index=True).sort_values(POINT, ignore_index=True)
+    return pd.concat([summary, unsupported], ignore_index=True).sort_values(
+        POINT, key=lambda column: column.map(natural_key) if column.name == "variant" else column, ignore_index=True
+    )
 
 
 def mean_std(mean: float, std: float) -> str:
@@ -128,7 +146,7 @@ def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "pp
     """
     df = summary[(summary["split"] == split) & (summary["eval_mode"] == mode)]
     rows = {}
-    for key, group in df.groupby(LINE):
+    for key, group in by_line(df):
         group = group.set_index("eval_len")
         base = group["ppl_mean"].get(key[2]) if value == "ppl" else None
         cells = {}
@@ -186,7 +204,7 @@ def line_styles(keys: list[tuple]) -> dict[tuple, dict]:
     dashes = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3))]
     styles = {}
     for encoding in encodings:
-        for j, key in enumerate(sorted(k for k in keys if k[0] == encoding)):
+        for j, key in enumerate(sorted((k for k in keys if k[0] == encoding), key=line_key)):
             styles[key] = dict(color=encoding_colour(encoding), linestyle=dashes[j % len(dashes)])
     return styles
 
@@ -214,7 +232,7 @@ def plot_ppl_vs_length(results: pd.DataFrame, summary: pd.DataFrame, split: str,
     styles = line_styles(list(df.groupby(LINE).groups))
     fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), sharey=True, squeeze=False)
     for ax, mode in zip(axes[0], modes):
-        for key, group in df[df["eval_mode"] == mode].groupby(LINE):
+        for key, group in by_line(df[df["eval_mode"] == mode]):
             group = group.sort_values("eval_len")
             ax.plot(group["eval_len"], group["ppl_mean"], marker="o", markersize=4, label=label(*key), **styles[key])
             std = group["ppl_std"].fillna(0)
@@ -279,7 +297,7 @@ def plot_per_position(root: Path, split: str, path: Path) -> bool:
         return False
     styles = line_styles(list(curves.groupby(LINE).groups))
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for key, group in curves.groupby(LINE):
+    for key, group in by_line(curves):
         ax.plot(group["x"], group["nll"], label=label(*key), **styles[key])
     for train_len in sorted(curves["train_len"].unique()):
         ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
