@@ -47,3 +47,14 @@ def test_joblib_sweep_runs_two_encodings_with_one_thread_each(tmp_path, mini_dat
     for run in runs:
         assert (pd.read_csv(run / "results.csv")["status"] == "ok").all()
         assert re.search(r"torch threads 1\b", (run / "train.log").read_text())
+
+
+def test_slurm_sweep_off_a_cluster_is_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no srun
+    command = [sys.executable, "-m", "posbench", "-m", "train", "hydra/launcher=slurm", "encoding=alibi,rope"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "hydra/launcher=slurm needs a SLURM cluster" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "outputs").exists()  # stopped before Hydra made the sweep folder

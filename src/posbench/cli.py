@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Callable
@@ -100,10 +101,22 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
                 cfg = compose(config_name, overrides=job)
                 if check:
                     check(cfg)
+            if multirun:
+                check_launcher(compose(config_name, overrides=jobs[0], return_hydra_config=True).hydra.launcher)
     except PosbenchError:
         raise
     except Exception as e:  # Hydra/OmegaConf composition and parse errors
         raise PosbenchError(condense_hydra_error(e)) from None
+
+
+def check_launcher(launcher) -> None:
+    """A SLURM sweep started off a SLURM cluster stops here in one line, not in submitit's traceback."""
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if str(launcher.get("_target_", "")).endswith("SlurmLauncher") and missing:
+        raise PosbenchError(
+            f"hydra/launcher=slurm needs a SLURM cluster, but {' and '.join(missing)} is not on PATH here; "
+            "run the sweep from a login node, or drop the launcher (joblib or the default) to run here"
+        )
 
 
 def run_hydra(config_name: str, task: Callable, args: list[str], check: Callable | None = None) -> int:
