@@ -46,3 +46,10 @@ def test_bench_writes_every_encoding_backend_and_length(tmp_path):
 def test_unknown_encoding_is_a_one_line_error(tmp_path):
     with pytest.raises(PosbenchError, match="unknown \\['alibj'\\]"):
         bench(bench_config("encodings=[alibj]"), tmp_path)
+
+
+def test_evaluation_only_bench_has_no_training_table(tmp_path):
+    bench(bench_config("encodings=[none]", "backends=[sdpa]", "eval_lens=[16]", "train_steps=0"), tmp_path)
+    text = (tmp_path / "bench.md").read_text()
+    assert "## Training" not in text and "training steps" not in text
+    assert "Medians of 1 evaluations" in text and "| none | sdpa | 16 |" in text

@@ -90,7 +90,8 @@ def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor
     return q_idx >= kv_idx
 
 
-#: ``auto`` runs flex from this length up for evaluation of bias encodings (the shortest length ``bench`` timed).
+#: ``auto`` runs flex from this length up for evaluation of bias encodings: ``bench`` on CPU found flex
+#: slower than sdpa at 1,024 tokens for four of five bias encodings and faster for all five at 4,096.
 FLEX_AUTO_MIN_LEN = 4096
 
 #: FlexAttention's block size; flex sequences are padded to a multiple of it (``Attention.__call__``).
@@ -155,8 +156,8 @@ class Attention:
 
     def pick(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> str:
         """The backend for one pass: the requested one (flex where it can run), or for ``auto``:
-        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more (measured 1.8-3.8x
-        sdpa at 4,096 on CPU, docs/performance.md), else sdpa."""
+        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more (measured 1.25-3.3x
+        sdpa at 4,096 and 16,384 on CPU, docs/performance.md), else sdpa."""
         obstacle = self.flex_obstacle(device, needs_grad, dropout_p)
         if self.backend == "auto":
             long_bias_eval = self.encoding.has_bias and seq_len >= FLEX_AUTO_MIN_LEN

@@ -253,11 +253,12 @@ def add_ratios(table: pd.DataFrame) -> pd.DataFrame:
 
 def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
     m = cfg.model
+    measured = [f"{cfg.train_steps} training steps (batch {cfg.train_batch} × {cfg.train_len})"] if cfg.train_steps else []
+    measured += [f"{cfg.eval_repeats} evaluations (batch 1)"] if cfg.eval_lens else []
     head = (
         f"Model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, FFN {m.d_ff}, vocabulary {cfg.vocab_size:,}; "
         f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads; measured fp32 matmul peak "
-        f"{peak / 1e9:.1f} GFLOP/s. Medians of {cfg.train_steps} training steps (batch {cfg.train_batch} × {cfg.train_len}) "
-        f"and {cfg.eval_repeats} evaluations (batch 1), each after {cfg.warmup} warm-up run(s).\n"
+        f"{peak / 1e9:.1f} GFLOP/s. Medians of {' and '.join(measured) or 'nothing'}, each after {cfg.warmup} warm-up run(s).\n"
     )
     fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
     train = ["| encoding | backend | train tok/s | × eager | GFLOP/s | % of peak | note |", "|---|---|---:|---:|---:|---:|---|"]
@@ -272,4 +273,5 @@ def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
             f"| {r.encoding} | {r.backend} | {r.seq_len:,} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(r.vs_eager, '.2f')} | "
             f"{fmt(r.peak_mem_mb, ',.0f')} | {r.reason} |"
         )
-    return "\n".join([head, "## Training", "", *train, "", "## Evaluation", "", *evals, ""])
+    train_part = ["## Training", "", *train, ""] if cfg.train_steps else []
+    return "\n".join([head, *train_part, "## Evaluation", "", *evals, ""])
