@@ -107,6 +107,18 @@ class Progress:
     loss_average: float | None = None
     grad_average: float | None = None
 
+    def spikes(self, step: int, train_loss: float, grad: float, t) -> tuple[bool, bool]:
+        """Whether this step's loss and gradient norm jumped above their running averages (logged
+        as a warning), then fold them into the averages."""
+        loss_spike = self.loss_average is not None and train_loss > t.loss_spike_ratio * self.loss_average
+        grad_spike = self.grad_average is not None and grad > t.grad_spike_ratio * self.grad_average
+        if loss_spike or grad_spike:
+            log.warning("step %d: spike: train loss %.3f (average %.3f), gradient norm %.3g (average %.3g)",
+                        step, train_loss, self.loss_average, grad, self.grad_average)  # fmt: skip
+        self.loss_average = running_average(self.loss_average, train_loss)
+        self.grad_average = running_average(self.grad_average, grad)
+        return loss_spike, grad_spike
+
 
 def running_average(average: float | None, value: float) -> float:
     return value if average is None else SPIKE_AVERAGE_DECAY * average + (1 - SPIKE_AVERAGE_DECAY) * value
@@ -283,13 +295,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             bar.update()
             progress.step, progress.tokens_seen = step, progress.tokens_seen + x.numel()
 
-            loss_spike = progress.loss_average is not None and train_loss > t.loss_spike_ratio * progress.loss_average
-            grad_spike = progress.grad_average is not None and grad > t.grad_spike_ratio * progress.grad_average
-            if loss_spike or grad_spike:
-                log.warning("step %d: spike: train loss %.3f (average %.3f), gradient norm %.3g (average %.3g)",
-                            step, train_loss, progress.loss_average, grad, progress.grad_average)  # fmt: skip
-            progress.loss_average = running_average(progress.loss_average, train_loss)
-            progress.grad_average = running_average(progress.grad_average, grad)
+            loss_spike, grad_spike = progress.spikes(step, train_loss, grad, t)
 
             val_loss = None
             if world.is_main and (step % t.eval_every == 0 or step == t.steps):  # the other ranks wait in the next step
