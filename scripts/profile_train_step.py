@@ -9,7 +9,7 @@ backward matmuls with the 33,278-word head, log-softmax, cross-entropy, the tied
 versus everything else.
 """
 
-import sys
+import argparse
 import time
 
 import torch
@@ -19,9 +19,13 @@ from posbench.bench import BenchConfig, train_step_fn
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS
 
-encoding, backend = (sys.argv[1:3] + ["rope", "sdpa"][len(sys.argv[1:3]) :])[:2]
-attn_dropout = float(sys.argv[3]) if len(sys.argv) > 3 else None
-cfg = BenchConfig(model=ModelConfig(attention=backend, attn_dropout=attn_dropout))
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("encoding", nargs="?", default="rope", choices=list(ENCODINGS))
+parser.add_argument("backend", nargs="?", default="sdpa", choices=["eager", "sdpa", "flex", "auto"])
+parser.add_argument("attn_dropout", nargs="?", type=float, default=None, help="default: the paper model's dropout")
+args = parser.parse_args()
+encoding, backend = args.encoding, args.backend
+cfg = BenchConfig(model=ModelConfig(attention=backend, attn_dropout=args.attn_dropout))
 torch.manual_seed(0)
 model = LanguageModel(cfg.model, ENCODINGS[encoding][0](), cfg.vocab_size, cfg.train_len)
 step = train_step_fn(model, lambda x, y: model.token_nll(x, y).mean(), cfg, torch.device("cpu"))

@@ -111,8 +111,10 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
 
 def check_launcher(launcher) -> None:
     """A SLURM sweep started off a SLURM cluster stops here in one line, not in submitit's traceback."""
+    if not str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+        return
     missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
-    if str(launcher.get("_target_", "")).endswith("SlurmLauncher") and missing:
+    if missing:
         raise PosbenchError(
             f"hydra/launcher=slurm needs a SLURM cluster, but {' and '.join(missing)} is not on PATH here; "
             "run the sweep from a login node, or drop the launcher (joblib or the default) to run here"
