@@ -1,7 +1,10 @@
-"""Shared fixtures: the WikiText-2 slice and composed configs."""
+"""Shared fixtures: the WikiText-2 slice, composed configs, the CLI in a subprocess, unwritable folders."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,3 +33,51 @@ def compose_config():
             return compose(config_name, overrides=overrides or [])
 
     return _compose
+
+
+def _posbench(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, **kwargs):
+    command = [sys.executable, "-m", "posbench", *args]
+    environ = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    return subprocess.run(command, cwd=cwd or REPO, env=environ, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture
+def posbench():
+    """posbench("train", "experiment=smoke", ...) -> the CompletedProcess of ``python -m posbench ...``."""
+    return _posbench
+
+
+def _assert_one_line(done: subprocess.CompletedProcess, *fragments: str) -> str:
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posbench: error: "), done.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def assert_one_line():
+    """assert_one_line(done, *fragments): exit code 2, no traceback, one ``posbench: error:`` line holding them."""
+    return _assert_one_line
+
+
+@pytest.fixture
+def read_only():
+    """read_only(folder): make ``folder`` unwritable, for root too (chmod alone does not stop root)."""
+    frozen: list[Path] = []
+
+    def _freeze(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o555)
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "+i", str(folder)], check=True)
+        frozen.append(folder)
+        return folder
+
+    yield _freeze
+    for folder in frozen:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(folder)], check=False)
+        folder.chmod(0o755)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from posbench.bench import COLUMNS, bench, flops_per_token, register_bench_config
+from posbench.bench import COLUMNS, bench, check_bench, flops_per_token, register_bench_config
 from posbench.config import CONFIG_DIR
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig
@@ -43,9 +43,22 @@ def test_bench_writes_every_encoding_backend_and_length(tmp_path):
     assert "| alibi | sdpa |" in (tmp_path / "bench.md").read_text()
 
 
-def test_unknown_encoding_is_a_one_line_error(tmp_path):
-    with pytest.raises(PosbenchError, match="unknown \\['alibj'\\]"):
-        bench(bench_config("encodings=[alibj]"), tmp_path)
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("encodings=[alibj]", "unknown ['alibj']"),
+        ("eval_lens=[0]", "eval_lens must hold positive integers, got [0]"),
+        ("vocab_size=0", "vocab_size must be a positive integer, got 0"),
+        ("train_len=0", "train_len must be a positive integer, got 0"),
+        ("train_steps=-1", "train_steps must be 0 or more, got -1"),
+        ("backends=[eagre]", "model.attention must be one of"),
+        ("device=banana", "device"),
+    ],
+)
+def test_bad_numbers_and_names_fail_before_anything_is_measured(override, message):
+    with pytest.raises(PosbenchError) as e:
+        check_bench(bench_config(override))
+    assert message in str(e.value)
 
 
 def test_evaluation_only_bench_has_no_training_table(tmp_path):

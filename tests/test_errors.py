@@ -6,18 +6,22 @@ match the data are in test_checkpoint.py; a resume from a checkpoint of another 
 
 from __future__ import annotations
 
+import errno
 import math
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from posbench.cli import validate_overrides
 from posbench.config import check_config
 from posbench.data import DataConfig, build_corpus, load_corpus
-from posbench.errors import PosbenchError
+from posbench.errors import PosbenchError, describe, one_line_errors
 from posbench.evaluate import evaluate_lengths
 from posbench.io import ERROR_FILE, write_csv
 from posbench.model import LanguageModel
@@ -214,3 +218,108 @@ def test_report_skips_unfinished_failed_and_unreadable_runs_and_reports_the_rest
     assert sorted(pd.read_csv(out / "results.csv")["encoding"].unique()) == ["alibi", "rope"]
     _, skipped_again = collect_results(tmp_path)  # the report's own results.csv is not a run
     assert set(skipped_again) == set(skipped)
+
+
+# --- runtime settings, checked before any data is read ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("device=banana", "banana"),
+        ("threads=-1", "threads must be a positive integer or null, got -1"),
+        ("threads=0", "threads must be a positive integer or null, got 0"),
+        ("eval_lens=[]", "eval_lens=[] holds no length"),
+        ("eval.splits=[]", "eval.splits must hold some of train, valid, test"),
+    ],
+)
+def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fragment):
+    assert fragment in config_error(override)
+
+
+def test_cuda_asked_for_where_there_is_none(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "cuda" in config_error("device=cuda").lower()
+
+
+# --- any exception, one line ------------------------------------------------------------------------
+
+
+def test_an_unexpected_exception_is_one_line_and_recorded(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        with one_line_errors(debug=False, run_dir=tmp_path):
+            raise ZeroDivisionError("float division by zero")
+    assert exit_.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line == "posbench: error: ZeroDivisionError: float division by zero (unexpected; debug=true shows the traceback)"
+    assert (tmp_path / ERROR_FILE).read_text().startswith("ZeroDivisionError: float division by zero")
+
+
+@pytest.mark.parametrize(
+    "error, fragments",
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/runs/a/last.pt"), ["/runs/a/last.pt", "free some disk space"]),
+        (PermissionError(errno.EACCES, "Permission denied", "/runs/a"), ["/runs/a: Permission denied", "hydra.run.dir"]),
+        (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/x.csv"), ["/mnt/ro/x.csv", "read-only"]),
+    ],
+)
+def test_os_errors_name_their_path_and_what_to_do(error, fragments):
+    for fragment in fragments:
+        assert fragment in describe(error)
+
+
+@pytest.mark.slow
+def test_cli_read_only_run_folder_is_one_line(tmp_path, mini_data, posbench, assert_one_line, read_only):
+    run_dir = read_only(tmp_path / "run")
+    done = posbench("train", "experiment=smoke", f"data.path={mini_data}", f"hydra.run.dir={run_dir}")
+    assert_one_line(done, str(run_dir))
+
+
+@pytest.mark.slow
+def test_cli_read_only_finished_run_eval_and_report_are_one_line(
+    tmp_path, mini_data, posbench, assert_one_line, read_only
+):
+    run_dir = tmp_path / "run"
+    train = ["train", "experiment=smoke", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.run.dir={run_dir}"]
+    assert posbench(*train).returncode == 0
+    results = (run_dir / "results.csv").read_bytes()
+    read_only(run_dir)
+
+    assert_one_line(posbench(*train), str(run_dir))  # re-running the finished run
+    assert_one_line(posbench("eval", f"checkpoint={run_dir}", "eval_lens=[64]", f"data.path={mini_data}"), str(run_dir))
+    assert_one_line(posbench("report", str(run_dir)), str(run_dir))
+    assert (run_dir / "results.csv").read_bytes() == results  # nothing lost
+
+
+def file_size_limit(limit: int):
+    def preexec() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return preexec
+
+
+@pytest.mark.slow
+def test_cli_full_disk_while_saving_a_checkpoint_is_one_line_naming_it(
+    tmp_path, mini_data, posbench, assert_one_line
+):
+    run_dir = tmp_path / "run"
+    done = posbench(
+        "train", "experiment=smoke", f"data.path={mini_data}", f"hydra.run.dir={run_dir}",
+        preexec_fn=file_size_limit(256 * 1024),  # the logs fit, a checkpoint does not
+    )
+    line = assert_one_line(done, str(run_dir))
+    assert ".pt" in line
+    assert not list(run_dir.glob(".*.tmp"))  # no half-written file left behind
+    assert (run_dir / ERROR_FILE).read_text().strip() == line.removeprefix("posbench: error: ")
+
+
+def test_a_split_shorter_than_the_window_is_too_short_not_ok(compose_config, tmp_path):
+    cfg = compose_config("train", ["experiment=smoke", "eval_lens=[32,64]", "eval.splits=[test]"])
+    words = " ".join(f"w{i % 50}" for i in range(400))
+    corpus = build_corpus({"train": [words], "valid": [words], "test": ["w1 w2 w3 w4 w5 " * 8]})
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
+    rows = evaluate_lengths(model, corpus, cfg, "cpu", tmp_path).set_index("eval_len")
+    assert rows.loc[32, "status"] == "ok"  # 40 words and an <eos>: 40 targets, one window of 32
+    assert rows.loc[64, "status"] == "too_short" and pd.isna(rows.loc[64, "ppl"])
+    assert rows.loc[64, "reason"] == "the test split has 40 targets (eval.max_tokens=4096), fewer than one window of 64"

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from .config import TrainConfig
+from .config import TrainConfig, check_model
+from .errors import PosbenchError
 from .evaluate import autocast, score_nonoverlapping
 from .io import write_csv
 from .model import LanguageModel, ModelConfig
@@ -61,6 +62,25 @@ class BenchConfig:
     device: str = "auto"
     seed: int = 0
     debug: bool = False
+
+
+def check_bench(cfg) -> None:
+    """Every number and name bench takes, checked before anything is measured."""
+    for key in ("vocab_size", "train_batch", "train_len", "eval_repeats"):
+        if cfg[key] < 1:
+            raise PosbenchError(f"{key} must be a positive integer, got {cfg[key]}")
+    for key in ("train_steps", "warmup"):
+        if cfg[key] < 0:
+            raise PosbenchError(f"{key} must be 0 or more, got {cfg[key]}")
+    if any(n < 1 for n in cfg.eval_lens):
+        raise PosbenchError(f"eval_lens must hold positive integers, got {list(cfg.eval_lens)}")
+    unknown = [e for e in cfg.encodings or () if e not in ENCODINGS]
+    if unknown:
+        raise PosbenchError(f"encodings: unknown {unknown}; choices: {', '.join(ENCODINGS)}")
+    resolve_device(cfg.device)
+    for backend in cfg.backends:
+        for name in cfg.encodings or ENCODINGS:
+            check_model(ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}), ENCODINGS[name][0](), cfg.train_len)
 
 
 def register_bench_config() -> None:
@@ -172,11 +192,6 @@ def bench(cfg, run_dir) -> pd.DataFrame:
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
     encodings = list(cfg.encodings or ENCODINGS)
-    unknown = [e for e in encodings if e not in ENCODINGS]
-    if unknown:
-        from .errors import PosbenchError
-
-        raise PosbenchError(f"bench.encodings: unknown {unknown}; choices: {', '.join(ENCODINGS)}")
     peak = matmul_peak_flops(device)
     log.info("device %s, torch %s, %d threads, fp32 matmul peak %.1f GFLOP/s", device, torch.__version__, torch.get_num_threads(), peak / 1e9)
     rows = []

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import PosbenchError
+from . import sweep
+from .errors import PosbenchError, fail, one_line_errors
 
 USAGE = """usage: python -m posbench [-m] COMMAND [ARGS...]
 
@@ -36,32 +39,6 @@ Run `python -m posbench COMMAND --help` for a command's options.
 HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "-p", "--package", "--shell-completion", "-sc"}
 
 
-def fail(message: str) -> int:
-    print(f"posbench: error: {message}", file=sys.stderr)
-    return 2
-
-
-@contextlib.contextmanager
-def one_line_errors(debug: bool, run_dir: Path | None = None):
-    """Turn a PosbenchError or Ctrl-C into one line on stderr and exit code 2 (full traceback with debug=true).
-
-    Given the run's folder, the line also goes to its error.txt, so that ``report`` can say why the run stopped.
-    """
-    from .io import ERROR_FILE, write_text
-
-    if run_dir is not None:
-        (run_dir / ERROR_FILE).unlink(missing_ok=True)  # a resumed run starts with a clean slate
-    try:
-        yield
-    except (PosbenchError, KeyboardInterrupt) as e:
-        message = str(e) if isinstance(e, PosbenchError) else "interrupted (Ctrl-C)"
-        if run_dir is not None:
-            write_text(f"{message}\n", run_dir / ERROR_FILE)
-        if debug:
-            raise
-        raise SystemExit(fail(message)) from None
-
-
 def condense_hydra_error(e: Exception) -> str:
     """Hydra's multi-line composition errors as one line, valid choices included."""
     noise = ("full_key:", "object_type", "reference_type", "Set the environment", "To append", "msg:")
@@ -78,15 +55,6 @@ def condense_hydra_error(e: Exception) -> str:
     return "; ".join([head, *rest])
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """Every job's override list of a basic-sweeper multirun."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    return [job for batch in BasicSweeper.split_arguments(parsed, max_batch_size=None) for job in batch]
-
-
 def validate_overrides(config_name: str, overrides: list[str], multirun: bool, check: Callable | None) -> None:
     """Compose the config of every job up front, so a typo fails in a second, not an hour into a sweep."""
     from hydra import compose, initialize_config_dir
@@ -95,7 +63,7 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
 
     register_configs()  # the schemas the YAML files name
     try:
-        jobs = expand_sweep(overrides) if multirun else [overrides]
+        jobs = sweep.expand_sweep(overrides) if multirun else [overrides]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name=config_name):
             for job in jobs:
                 cfg = compose(config_name, overrides=job)
@@ -125,30 +93,41 @@ def run_hydra(config_name: str, task: Callable, args: list[str], check: Callable
     """Validate the overrides, then hand ``args`` to a ``@hydra.main`` function running ``task(cfg, run_dir)``."""
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from .config import CONFIG_DIR, register_configs
     from .distributed import hydra_run_args
 
     register_configs()
+    overrides = [a for a in args if not a.startswith("-")]
+    debug = "debug=true" in (o.lower() for o in overrides)
     if not HYDRA_INFO_FLAGS & set(args):
         multirun = "-m" in args or "--multirun" in args
-        overrides = [a for a in args if not a.startswith("-")]
         try:
             validate_overrides(config_name, overrides, multirun, check)
             args = hydra_run_args(config_name, args)  # under torchrun: rank 0's run folder for every rank
         except PosbenchError as e:
-            if "debug=true" in (o.lower() for o in overrides):
+            if debug:
                 raise
             return fail(str(e))
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")
     def _main(cfg) -> None:
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            sweep.run_job(task, cfg, run_dir, Path(hydra_cfg.sweep.dir))
+            return
         with one_line_errors(cfg.get("debug", False), run_dir):
             task(cfg, run_dir)
 
     sys.argv = [f"posbench {config_name}", *args]
-    _main()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's own failures (e.g. making a folder) reach one_line_errors
+    sweep.SweepSummary.failures = 0
+    with one_line_errors(debug):
+        _main()
+    if sweep.SweepSummary.failures:
+        return fail(f"{sweep.SweepSummary.failures} job(s) of the sweep failed (listed above)")
     return 0
 
 
@@ -171,19 +150,20 @@ def cmd_report(args: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m posbench report", description="Tables and figures from a folder of runs.")
     parser.add_argument("dir", help="a run or multirun folder, searched recursively for results.csv")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     ns = parser.parse_args(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with one_line_errors(debug=False):
+    with one_line_errors(ns.debug):
         out = report(ns.dir)
     print(f"report written to {out}")
     return 0
 
 
 def cmd_bench(args: list[str]) -> int:
-    from .bench import bench, register_bench_config
+    from .bench import bench, check_bench, register_bench_config
 
     register_bench_config()
-    return run_hydra("bench", bench, args)
+    return run_hydra("bench", bench, args, check=check_bench)
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "bench": cmd_bench}
@@ -198,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return fail(f"unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)} (see --help)")
     command = argv.pop(position)
-    try:
+    debug = any(a.lower() in ("debug=true", "--debug") for a in argv)
+    with one_line_errors(debug):  # whatever escapes a command (composing, loading, Ctrl-C): one line
         return COMMANDS[command](argv)
-    except KeyboardInterrupt:  # Ctrl-C outside a run (composing, loading): one line, no traceback
-        return fail("interrupted (Ctrl-C)")

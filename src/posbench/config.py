@@ -13,12 +13,12 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from .attention import BACKENDS
 from .data import DataConfig
 from .errors import PosbenchError
 from .logger import check_logger
-from .model import ModelConfig
-from .positional import ENCODINGS, build_encoding
+from .model import LanguageModel, ModelConfig
+from .positional import ENCODINGS
+from .runtime import check_threads, resolve_device
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -97,7 +97,7 @@ def register_configs() -> None:
 
 
 def eval_lens_of(cfg) -> list[int]:
-    return list(cfg.eval_lens) if cfg.eval_lens else [cfg.train_len * m for m in (1, 2, 4, 8, 16)]
+    return list(cfg.eval_lens) if cfg.eval_lens is not None else [cfg.train_len * m for m in (1, 2, 4, 8, 16)]
 
 
 EVAL_MODES = ("nonoverlapping", "sliding")
@@ -110,31 +110,42 @@ def check_eval(e) -> None:
         raise PosbenchError(f"eval.mode=sliding needs a positive eval.stride=S, got {e.stride}")
     if e.per_position_exact < 0 or e.per_position_bucket < 1:
         raise PosbenchError("eval.per_position_exact must be >= 0 and eval.per_position_bucket >= 1")
+    if e.batch_tokens < 1 or (e.max_tokens is not None and e.max_tokens < 2):
+        raise PosbenchError(f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}")
+    unknown = set(e.splits) - {"train", "valid", "test"}
+    if unknown or not e.splits:
+        raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
+
+
+def check_lengths(key: str, values: list) -> None:
+    if not values:
+        raise PosbenchError(f"{key}=[] holds no length; give at least one (eval_lens=null: train_len x 1, 2, 4, 8, 16)")
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+        raise PosbenchError(f"{key} must hold positive integers, got {values if key == 'eval_lens' else values[0]}")
+
+
+def check_model(model_cfg, encoding_cfg, train_len: int) -> None:
+    """Build the model (vocabulary of one word): its constructors own the rules of model and encoding."""
+    try:
+        LanguageModel(model_cfg, encoding_cfg, vocab_size=1, train_len=train_len)
+    except (ValueError, TypeError) as e:
+        raise PosbenchError(f"encoding={encoding_cfg.name}: {e}" if "model." not in str(e) else str(e)) from None
+
+
+def check_runtime(cfg) -> None:
+    """Device, threads and logger: what the machine must offer, checked before any data is read."""
+    resolve_device(cfg.device)
+    check_threads(cfg.threads)
+    check_logger(cfg.logger)
 
 
 def check_config(cfg) -> None:
     """Raise PosbenchError for what the schema's types cannot catch."""
-    lengths = {"train_len": [cfg.train_len], "eval_lens": eval_lens_of(cfg)}
-    for key, values in lengths.items():
-        if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
-            raise PosbenchError(f"{key} must hold positive integers, got {values if key == 'eval_lens' else values[0]}")
-    m = cfg.model
-    for key in ("n_layers", "d_model", "n_heads", "d_ff"):
-        if m[key] < 1:
-            raise PosbenchError(f"model.{key} must be positive, got {m[key]}")
+    check_lengths("train_len", [cfg.train_len])
+    check_lengths("eval_lens", eval_lens_of(cfg))
     for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
         if cfg.train[key] < 1:
             raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
-    if m.d_model % m.n_heads:
-        raise PosbenchError(f"model.d_model={m.d_model} is not divisible by model.n_heads={m.n_heads}")
-    if m.attention not in BACKENDS:
-        raise PosbenchError(f"model.attention must be one of {', '.join(BACKENDS)}, got {m.attention!r}")
-    check_logger(cfg.logger)
     check_eval(cfg.eval)
-    unknown = set(cfg.eval.splits) - {"train", "valid", "test"}
-    if unknown:
-        raise PosbenchError(f"eval.splits may hold train, valid, test; got {sorted(unknown)}")
-    try:  # each encoding checks what it needs (e.g. an even head dimension for rotary)
-        build_encoding(cfg.encoding, n_heads=m.n_heads, head_dim=m.d_model // m.n_heads, d_model=m.d_model, train_len=cfg.train_len)
-    except (ValueError, TypeError) as e:
-        raise PosbenchError(f"encoding={cfg.encoding.name}: {e}") from None
+    check_runtime(cfg)
+    check_model(cfg.model, cfg.encoding, cfg.train_len)

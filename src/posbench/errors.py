@@ -1,5 +1,99 @@
-"""The one exception type that the CLI turns into a one-line message and exit code 2."""
+"""One error path for every command: any exception becomes one ``posbench: error:`` line and exit code 2.
+
+A user-facing problem (bad input, missing data, unusable checkpoint) is a ``PosbenchError`` whose text
+says what went wrong and what to do; OS errors name their path; anything else is named by its type.
+``debug=true`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import sys
+from pathlib import Path
 
 
 class PosbenchError(Exception):
     """A user-facing problem: bad input, missing data, unusable checkpoint."""
+
+
+class Interrupted(PosbenchError):
+    """Stopped by a signal (SIGINT, SIGTERM) with the state saved: a sweep stops too, not only its job."""
+
+
+def fail(message: str) -> int:
+    print(f"posbench: error: {message}", file=sys.stderr)
+    return 2
+
+
+#: What to do about an OS error, by errno.
+OS_ERROR_HINTS = {
+    errno.ENOSPC: "free some disk space, then run the same command again (a run resumes from its last.pt)",
+    errno.EDQUOT: "free some space in your quota, then run the same command again",
+    errno.EROFS: "the file system is read-only; write elsewhere (hydra.run.dir=DIR or hydra.sweep.dir=DIR)",
+    errno.EACCES: "check its permissions, or write elsewhere (hydra.run.dir=DIR or hydra.sweep.dir=DIR)",
+    errno.EPERM: "check its permissions, or write elsewhere (hydra.run.dir=DIR or hydra.sweep.dir=DIR)",
+    errno.EFBIG: "the file grew past the size this process may write (ulimit -f) or the file system allows",
+}
+
+
+def root_os_error(e: BaseException | None) -> OSError | None:
+    """The OS error behind ``e``, if any (logging, for one, wraps a folder it cannot write in a ValueError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError) and e.strerror:
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def describe(e: BaseException) -> str:
+    """Any exception as one line: what went wrong and, where we know it, what to do."""
+    if isinstance(e, PosbenchError):
+        return str(e)
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    os_error = root_os_error(e)
+    if os_error is not None:
+        e = os_error
+        where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None) or "a file"
+        hint = OS_ERROR_HINTS.get(e.errno, "check the path and run the same command again")
+        return f"{where}: {e.strerror}; {hint}"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else 'no message'} (unexpected; debug=true shows the traceback)"
+
+
+def record_error(message: str, run_dir: Path | None) -> None:
+    """The run's one-line account for ``report``; a folder that cannot take it (read-only, full) does without."""
+    from .io import ERROR_FILE, write_text
+
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            write_text(f"{message}\n", run_dir / ERROR_FILE)
+
+
+def clear_error(run_dir: Path | None) -> None:
+    """A run that starts again starts with a clean slate."""
+    from .io import ERROR_FILE
+
+    if run_dir is not None:
+        with contextlib.suppress(OSError):
+            (run_dir / ERROR_FILE).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def one_line_errors(debug: bool, run_dir: Path | None = None):
+    """Turn any exception or Ctrl-C into one line on stderr and exit code 2 (the traceback with debug=true).
+
+    Given the run's folder, the line also goes to its error.txt, so that ``report`` can say why the run stopped.
+    """
+    clear_error(run_dir)
+    try:
+        yield
+    except (Exception, KeyboardInterrupt) as e:
+        message = describe(e)
+        record_error(message, run_dir)
+        if debug:
+            raise
+        raise SystemExit(fail(message)) from None

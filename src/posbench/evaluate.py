@@ -157,10 +157,25 @@ def variant_of(encoding_cfg) -> str:
     return scaling_label(encoding_cfg.get("scaling"))
 
 
+def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: int, max_tokens) -> tuple[str, str]:
+    """(status, reason) for a length that cannot be measured (``unsupported``, ``too_short``), else ("", "").
+
+    A split shorter than one window would score its few targets again at every longer length and
+    call them that length's perplexity.
+    """
+    reason = model.encoding.unsupported_reason(eval_len)
+    if reason:
+        return "unsupported", reason
+    if len(tokens) - 1 < eval_len:
+        cap = f" (eval.max_tokens={max_tokens})" if max_tokens is not None else ""
+        return "too_short", f"the {split} split has {len(tokens) - 1} targets{cap}, fewer than one window of {eval_len}"
+    return "", ""
+
+
 def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
     """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv``.
 
-    Lengths the encoding cannot serve are marked ``unsupported``, not fatal.
+    Lengths the encoding cannot serve (``unsupported``) or the split cannot fill (``too_short``) are marked, not fatal.
     """
     e = cfg.eval
     base = dict(
@@ -175,10 +190,10 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
         for eval_len in eval_lens_of(cfg):
             stride = min(e.stride, eval_len) if e.mode == "sliding" else eval_len
             where = dict(base, split=split, eval_len=eval_len, stride=stride, unigram_ppl=reference)
-            reason = model.encoding.unsupported_reason(eval_len)
-            if reason:
-                log.warning("eval_len %d skipped: %s", eval_len, reason)
-                rows.append(dict(where, tokens=len(tokens) - 1, status="unsupported", reason=reason))
+            status, reason = not_measurable(model, tokens, split, eval_len, e.max_tokens)
+            if status:
+                log.warning("%s eval_len %d skipped: %s", split, eval_len, reason)
+                rows.append(dict(where, tokens=len(tokens) - 1, status=status, reason=reason))
                 continue
             t0 = time.perf_counter()
             score = score_windows(model, tokens, eval_len, stride, e.batch_tokens, device)
