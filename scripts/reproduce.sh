@@ -51,7 +51,8 @@ ENCODINGS=${ENCODINGS:-alibi,rope,sinusoidal,learned,none}
 SEEDS=${SEEDS:-0,1,2}
 all_encodings() { for file in conf/encoding/*.yaml; do basename "$file" .yaml; done; }
 # every encoding of conf/encoding that ENCODINGS leaves out
-EXTRA_ENCODINGS=${EXTRA_ENCODINGS-$(all_encodings | awk -v skip=",${ENCODINGS}," '!index(skip, "," $0 ",")' | paste -sd, -)}
+EXTRA_ENCODINGS=${EXTRA_ENCODINGS-$(all_encodings | awk -v skip=",${ENCODINGS}," '!index(skip, "," $0 ",")' \
+    | paste -sd, -)}
 EXTRA_SEEDS=${EXTRA_SEEDS:-0}
 EXPERIMENT=${EXPERIMENT:-study}
 JOBS=${JOBS:-2}
