@@ -1,7 +1,11 @@
 # posbench: `make help` lists the targets.
 PYTHON ?= python3
-ENCODINGS ?= alibi,rope,sinusoidal,learned,none,t5,kerple_log,kerple_power,fire,xpos
-DATA ?= ../shared/data/wikitext-2-mini
+comma := ,
+space := $() $()
+# every encoding with a config in conf/encoding, comma-separated for a sweep
+ENCODINGS ?= $(subst $(space),$(comma),$(sort $(basename $(notdir $(wildcard conf/encoding/*.yaml)))))
+# empty: the WikiText-2 slice shipped with posbench (the quick preset's data=wikitext2_mini)
+DATA ?=
 SWEEP_DIR ?= outputs/quick
 
 .PHONY: help install quick test test-fast
@@ -13,8 +17,9 @@ install: ## install posbench editable (CPU torch 2.13.0 first where no torch is 
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
 	$(PYTHON) -m pip install -e '.[test]'
 
-quick: ## sweep ENCODINGS with experiment=quick on DATA into SWEEP_DIR, then report
-	$(PYTHON) -m posbench -m train encoding=$(ENCODINGS) experiment=quick data.path=$(DATA) hydra.sweep.dir=$(SWEEP_DIR)
+quick: ## sweep ENCODINGS (all) with experiment=quick on the shipped slice (DATA=DIR: a folder), then report
+	$(PYTHON) -m posbench -m train encoding=$(ENCODINGS) experiment=quick $(if $(DATA),data.path=$(DATA)) \
+		hydra.sweep.dir=$(SWEEP_DIR)
 	$(PYTHON) -m posbench report $(SWEEP_DIR)
 
 test: ## the whole test suite, slow end-to-end tests included (what CI runs)

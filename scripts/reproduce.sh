@@ -7,12 +7,14 @@
 #   3. evaluate every RoPE run with linear / NTK / YaRN context extension x4 and x16;
 #   4. python -m posbench report.
 #
-# Usage:  scripts/reproduce.sh [DATA_DIR]        (default ../shared/data/wikitext-2-mini)
+# Usage:  scripts/reproduce.sh [DATA_DIR]
+#   (default: the WikiText-2 slice shipped with posbench, the study preset's data=wikitext2_mini;
+#   DATA_DIR, or DATA in the environment, is passed as data.path)
 # Settings, all overridable from the environment:
 #   OUT              outputs/study           where the runs and OUT/report go
 #   ENCODINGS        alibi,rope,sinusoidal,learned,none      trained with every seed in SEEDS
 #   SEEDS            0,1,2
-#   EXTRA_ENCODINGS  t5,kerple_log,kerple_power,fire,xpos    trained with EXTRA_SEEDS ("" skips them)
+#   EXTRA_ENCODINGS  every other conf/encoding/*.yaml        trained with EXTRA_SEEDS ("" skips them)
 #   EXTRA_SEEDS      0
 #   EXPERIMENT       study
 #   JOBS             2                       runs at a time, one torch thread each (hydra/launcher=joblib,
@@ -39,13 +41,18 @@
 # Interrupted? Run it again: finished training runs are skipped; evaluations are redone.
 set -euo pipefail
 
-DATA=$(realpath "${1:-${DATA:-../shared/data/wikitext-2-mini}}")
+DATA=${1:-${DATA:-}}
+DATA_ARGS=()
+[[ -z "$DATA" ]] || DATA_ARGS=("data.path=$(realpath "$DATA")")
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-outputs/study}
 ENCODINGS=${ENCODINGS:-alibi,rope,sinusoidal,learned,none}
 SEEDS=${SEEDS:-0,1,2}
-EXTRA_ENCODINGS=${EXTRA_ENCODINGS-t5,kerple_log,kerple_power,fire,xpos}
+all_encodings() { for file in conf/encoding/*.yaml; do basename "$file" .yaml; done; }
+# every encoding of conf/encoding that ENCODINGS leaves out
+EXTRA_ENCODINGS=${EXTRA_ENCODINGS-$(all_encodings | awk -v skip=",${ENCODINGS}," '!index(skip, "," $0 ",")' \
+    | paste -sd, -)}
 EXTRA_SEEDS=${EXTRA_SEEDS:-0}
 EXPERIMENT=${EXPERIMENT:-study}
 JOBS=${JOBS:-2}
@@ -80,7 +87,7 @@ join() {
 train() {  # encodings seeds
     stamp "training $1 x seeds $2 (experiment=${EXPERIMENT}) into ${OUT}"
     "$PYTHON" -m posbench -m train "encoding=$1" "seed=$2" "experiment=${EXPERIMENT}" \
-        "data.path=${DATA}" "hydra.sweep.dir=${OUT}" "${LAUNCH[@]}" "${TRAIN_ARGS[@]}"
+        "${DATA_ARGS[@]}" "hydra.sweep.dir=${OUT}" "${LAUNCH[@]}" "${TRAIN_ARGS[@]}"
 }
 train "$ENCODINGS" "$SEEDS"
 [[ -z "$EXTRA_ENCODINGS" ]] || train "$EXTRA_ENCODINGS" "$EXTRA_SEEDS"

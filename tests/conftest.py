@@ -1,4 +1,5 @@
-"""Shared fixtures: the WikiText-2 slice, composed configs, the CLI in a subprocess, unwritable folders."""
+"""Shared fixtures: the WikiText-2 slice shipped with posbench, composed configs, the CLI in a subprocess,
+unwritable folders."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from posbench.config import CONFIG_DIR, register_configs
+from posbench.data import shipped_folder
 
 REPO = Path(__file__).resolve().parents[1]
-MINI = REPO.parent / "shared" / "data" / "wikitext-2-mini"
+MINI = shipped_folder("wikitext-2-mini")
 
 
 @pytest.fixture
 def mini_data() -> Path:
-    if not (MINI / "train.txt").is_file():
-        pytest.skip(f"the WikiText-2 slice is not at {MINI}")
+    """The WikiText-2 slice shipped with posbench (data=wikitext2_mini)."""
     return MINI
 
 

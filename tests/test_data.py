@@ -1,9 +1,36 @@
+"""Reading the data: tokens, vocabulary, the three sources (data.path, the shipped slice, the Hub) and their checks."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import posbench
 from posbench import data
-from posbench.data import EOS, UNK, DataConfig, build_corpus, load_corpus, tokenize
+from posbench.data import EOS, UNK, DataConfig, build_corpus, load_corpus, shipped_folder, tokenize
 from posbench.errors import PosbenchError
+
+REPO = Path(__file__).resolve().parents[1]
+ENCODINGS = sorted(file.stem for file in (REPO / "conf" / "encoding").glob("*.yaml"))
+
+
+def write_splits(folder: Path, **texts: str | bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, text in {"train": "a b\n", "valid": "a\n", "test": "b\n", **texts}.items():
+        (folder / f"{split}.txt").write_bytes(text if isinstance(text, bytes) else text.encode())
+    return folder
+
+
+def one_line_error(cfg: DataConfig) -> str:
+    with pytest.raises(PosbenchError) as info:
+        load_corpus(cfg)
+    assert "\n" not in str(info.value)
+    return str(info.value)
 
 
 def test_tokenize_splits_on_whitespace_and_ends_every_line():
@@ -18,7 +45,9 @@ def test_vocabulary_comes_from_train_and_unseen_words_map_to_unk():
     assert corpus.splits["test"].dtype == torch.long
 
 
-@pytest.mark.parametrize("names", [("train.txt", "valid.txt", "test.txt"), ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")])
+@pytest.mark.parametrize(
+    "names", [("train.txt", "valid.txt", "test.txt"), ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens")]
+)
 def test_local_folder_in_either_naming(tmp_path, names):
     for name, text in zip(names, ["x y\nz\n", "y\n", "x\n"]):
         (tmp_path / name).write_text(text)
@@ -35,17 +64,10 @@ def test_wikitext_slice_statistics(mini_data):
 
 
 def test_missing_folder_and_missing_split(tmp_path):
-    with pytest.raises(PosbenchError, match="does not exist"):
-        load_corpus(DataConfig(path=str(tmp_path / "nope")))
+    message = one_line_error(DataConfig(path=str(tmp_path / "nope")))
+    assert message == f"data folder {tmp_path / 'nope'} does not exist (data.path)"
     (tmp_path / "train.txt").write_text("a\n")
     with pytest.raises(PosbenchError, match="no valid split"):
-        load_corpus(DataConfig(path=str(tmp_path)))
-
-
-def test_empty_train_split(tmp_path):
-    for split in ("train", "valid", "test"):
-        (tmp_path / f"{split}.txt").write_text("\n" if split == "train" else "a\n")
-    with pytest.raises(PosbenchError, match="empty"):
         load_corpus(DataConfig(path=str(tmp_path)))
 
 
@@ -53,6 +75,150 @@ def test_offline_hub_fails_at_once_with_the_way_out(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)
-    with pytest.raises(PosbenchError, match="data.path=DIR") as info:
-        load_corpus(DataConfig())
-    assert "\n" not in str(info.value)
+    message = one_line_error(DataConfig())
+    assert "data.path=DIR" in message and "data=wikitext2_mini" in message
+
+
+# --- checks up front --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, offset",
+    [
+        ("a b\ncafé\n".encode("latin-1"), 7),  # é is 0xe9 in latin-1, a bad start byte in UTF-8
+        (b"\x89PNG\r\n\x1a\n\x00\x00", 0),  # binary
+        ("ok é\n".encode() + b"\xff", 6),  # valid UTF-8 up to the last byte
+    ],
+)
+def test_split_that_is_not_utf8_names_the_file_and_the_first_bad_byte(tmp_path, content, offset):
+    folder = write_splits(tmp_path, valid=content)
+    message = one_line_error(DataConfig(path=str(folder)))
+    assert str(folder / "valid.txt") in message and f"byte {offset} " in message and "UTF-8" in message
+
+
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+@pytest.mark.parametrize("text", ["", "\n\n", " \t\n"])
+def test_empty_split_names_the_split_and_the_file(tmp_path, split, text):
+    folder = write_splits(tmp_path, **{split: text})
+    message = one_line_error(DataConfig(path=str(folder)))
+    assert f"the {split} split in {folder} is empty" in message and f"{split}.txt" in message
+
+
+def test_data_path_that_is_a_file_says_so(tmp_path):
+    file = write_splits(tmp_path) / "train.txt"
+    message = one_line_error(DataConfig(path=str(file)))
+    assert f"data folder {file} is a file, not a folder (data.path)" in message
+
+
+# --- the slice shipped with posbench ---------------------------------------------------------------
+
+
+def test_shipped_slice_lives_inside_the_package():
+    folder = shipped_folder("wikitext-2-mini")  # what mini_data returns, found through posbench
+    assert Path(posbench.__file__).resolve().parent in folder.resolve().parents
+    assert sorted(file.name for file in folder.iterdir()) == ["README.md", "test.txt", "train.txt", "valid.txt"]
+    assert "CC BY-SA 3.0" in (folder / "README.md").read_text()
+
+
+def test_shipped_slice_has_the_token_counts_its_readme_states():
+    folder = shipped_folder("wikitext-2-mini")
+    stated = {
+        name: int(count.replace(",", ""))
+        for name, count in re.findall(r"^\| (\w+)\.txt +\|.*\| ([\d,]+) \|$", (folder / "README.md").read_text(), re.M)
+    }
+    corpus = load_corpus(DataConfig(shipped="wikitext-2-mini"))
+    assert stated == {split: len(tokens) for split, tokens in corpus.splits.items()}
+
+
+def test_data_path_wins_over_the_shipped_slice(tmp_path):
+    corpus = load_corpus(DataConfig(shipped="wikitext-2-mini", path=str(write_splits(tmp_path))))
+    assert corpus.vocab == ["a", "b", EOS, UNK]
+
+
+def test_unknown_shipped_data_set_lists_the_shipped_ones():
+    message = one_line_error(DataConfig(shipped="wikitext-3"))
+    assert message == "data.shipped=wikitext-3 is not shipped with posbench; shipped: wikitext-2-mini"
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_carries_the_shipped_slice(tmp_path, mini_data):
+    pytest.importorskip("setuptools", reason="pip builds posbench offline only with setuptools at hand")
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source)
+    pip = ["pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(tmp_path / "site"), str(source)]
+    done = subprocess.run([sys.executable, "-m", *pip], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    installed = tmp_path / "site" / "posbench" / "datasets" / "wikitext-2-mini"
+    for file in mini_data.iterdir():
+        assert (installed / file.name).read_bytes() == file.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "overrides, name, shipped",
+    [
+        (["data=wikitext2_mini"], "wikitext2_mini", "wikitext-2-mini"),
+        (["experiment=smoke"], "wikitext2_mini", "wikitext-2-mini"),
+        (["experiment=quick"], "wikitext2_mini", "wikitext-2-mini"),
+        (["experiment=study"], "wikitext2_mini", "wikitext-2-mini"),
+        (["experiment=quick", "data=wikitext2"], "wikitext2", None),
+        ([], "wikitext2", None),  # the paper preset reads the Hub
+    ],
+)
+def test_presets_select_their_data(compose_config, overrides, name, shipped):
+    cfg = compose_config("train", overrides).data
+    assert (cfg.name, cfg.shipped, cfg.path) == (name, shipped, None)
+
+
+# --- make quick and scripts/reproduce.sh -----------------------------------------------------------
+
+
+@pytest.fixture
+def clone(tmp_path) -> Path:
+    """The Makefile and reproduce.sh beside conf/encoding with one more encoding, a throwaway one."""
+    shutil.copy(REPO / "Makefile", tmp_path)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "reproduce.sh", tmp_path / "scripts")
+    shutil.copytree(REPO / "conf" / "encoding", tmp_path / "conf" / "encoding")
+    (tmp_path / "conf" / "encoding" / "throwaway.yaml").write_text("name: throwaway\n")
+    return tmp_path
+
+
+def train_sweeps(command: list[str], cwd: Path, **env: str) -> list[list[str]]:
+    """The overrides of each ``posbench -m train`` that ``command`` starts, printed instead of run."""
+    done = subprocess.run(command, cwd=cwd, env={**os.environ, "PYTHON": "echo", **env}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.replace("\\\n", " ").splitlines()  # make -n keeps the recipe's continuation lines
+    return [line.split("posbench -m train ")[1].split() for line in lines if "posbench -m train " in line]
+
+
+def values_of(key: str, sweeps: list[list[str]]) -> list[str]:
+    return [arg.removeprefix(f"{key}=") for args in sweeps for arg in args if arg.startswith(f"{key}=")]
+
+
+def names(sweep_value: str) -> list[str]:
+    """encoding=a,b,c's names, sorted (bash and make sort by the locale)."""
+    return sorted(sweep_value.split(","))
+
+
+def test_make_quick_sweeps_every_conf_encoding_on_the_shipped_slice(clone):
+    [sweep] = train_sweeps(["make", "-n", "quick"], clone)
+    [encodings] = values_of("encoding", [sweep])
+    assert names(encodings) == sorted(ENCODINGS + ["throwaway"])
+    assert "experiment=quick" in sweep and values_of("data.path", [sweep]) == []
+    [sweep] = train_sweeps(["make", "-n", "quick", "DATA=/somewhere", "ENCODINGS=rope"], clone)
+    assert values_of("encoding", [sweep]) == ["rope"] and values_of("data.path", [sweep]) == ["/somewhere"]
+
+
+def test_reproduce_trains_every_conf_encoding_on_the_shipped_slice(clone, tmp_path):
+    script = ["bash", str(clone / "scripts" / "reproduce.sh")]
+    sweeps = train_sweeps(script, tmp_path, OUT=str(tmp_path / "out"))
+    main = ["alibi", "rope", "sinusoidal", "learned", "none"]
+    extra = [name for name in ENCODINGS + ["throwaway"] if name not in main]
+    first, second = values_of("encoding", sweeps)
+    assert first == ",".join(main) and names(second) == sorted(extra)
+    assert values_of("experiment", sweeps) == ["study", "study"] and values_of("data.path", sweeps) == []
+    sweeps = train_sweeps([*script, "data"], tmp_path, OUT=str(tmp_path / "out"), ENCODINGS="rope,t5")
+    assert values_of("data.path", sweeps) == [str(tmp_path / "data")] * 2
+    assert names(values_of("encoding", sweeps)[1]) == sorted(set(extra + main) - {"rope", "t5"})

@@ -1,7 +1,8 @@
 """Word-level WikiText: whitespace tokens, ``<eos>`` at every line end, vocabulary from train.
 
-The default source is the Hugging Face dataset; ``data.path`` reads a local folder with
-``train.txt``/``valid.txt``/``test.txt`` (or ``wiki.{train,valid,test}.tokens``) instead.
+Three sources, the first one set wins: ``data.path``, a local folder with ``train.txt``/``valid.txt``/
+``test.txt`` (or ``wiki.{train,valid,test}.tokens``); ``data.shipped``, such a folder shipped inside
+posbench (``posbench/datasets/``); else the Hugging Face dataset.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Iterable, Optional
 from urllib.parse import urlparse
@@ -28,10 +30,12 @@ EOS, UNK = "<eos>", "<unk>"
 @dataclass
 class DataConfig:
     name: str = "wikitext2"
-    #: Hugging Face dataset id and config, used when ``path`` is not set.
+    #: Hugging Face dataset id and config, used when neither ``path`` nor ``shipped`` is set.
     hf_path: str = "Salesforce/wikitext"
     hf_name: str = "wikitext-2-v1"
-    #: Local folder with the three splits; overrides the hub.
+    #: A data set shipped inside posbench (a folder of ``posbench/datasets/``); overrides the hub.
+    shipped: Optional[str] = None
+    #: Local folder with the three splits; overrides ``shipped`` and the hub.
     path: Optional[str] = None
 
 
@@ -60,6 +64,15 @@ def build_corpus(lines_by_split: dict[str, Iterable[str]]) -> Corpus:
     return Corpus(vocab=list(index), splits=splits)
 
 
+def shipped_folder(name: str) -> Path:
+    """The folder of the data set ``name`` shipped inside posbench (``data.shipped``)."""
+    datasets = Path(str(resources.files("posbench") / "datasets"))  # installed unzipped: a real folder
+    if not (datasets / name).is_dir():
+        shipped = ", ".join(sorted(d.name for d in datasets.iterdir() if d.is_dir()))
+        raise PosbenchError(f"data.shipped={name} is not shipped with posbench; shipped: {shipped}")
+    return datasets / name
+
+
 def _local_split_file(folder: Path, split: str) -> Path:
     for name in (f"{split}.txt", f"wiki.{split}.tokens"):
         if (folder / name).is_file():
@@ -67,13 +80,37 @@ def _local_split_file(folder: Path, split: str) -> Path:
     raise PosbenchError(f"data folder {folder} has no {split} split (expected {split}.txt or wiki.{split}.tokens)")
 
 
+def _read_lines(file: Path) -> list[str]:
+    try:  # decoded whole, so that the error's offset is the file's
+        return file.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise PosbenchError(
+            f"{file} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}); convert it to UTF-8, "
+            f"e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
 def _read_local(folder: Path) -> dict[str, list[str]]:
+    if folder.is_file():
+        raise PosbenchError(f"data folder {folder} is a file, not a folder (data.path); pass the folder holding it")
     if not folder.is_dir():
         raise PosbenchError(f"data folder {folder} does not exist (data.path)")
-    lines = {split: _local_split_file(folder, split).read_text(encoding="utf-8").splitlines() for split in SPLITS}
-    if not any(line.strip() for line in lines["train"]):
-        raise PosbenchError(f"the train split in {folder} is empty")
+    lines = {}
+    for split in SPLITS:
+        file = _local_split_file(folder, split)
+        lines[split] = _read_lines(file)
+        if not any(line.strip() for line in lines[split]):  # <eos> alone: no window to train or score
+            raise PosbenchError(
+                f"the {split} split in {folder} is empty: {file.name} holds no words (every split needs some)"
+            )
     return lines
+
+
+def local_folder(cfg: DataConfig) -> Optional[Path]:
+    """The folder to read: ``data.path``, else the shipped ``data.shipped``; None for the hub."""
+    if cfg.path:
+        return Path(cfg.path).expanduser()
+    return shipped_folder(cfg.shipped) if cfg.shipped else None
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -87,7 +124,10 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _read_hub(cfg: DataConfig) -> dict[str, list[str]]:
-    offline_hint = "offline? pass data.path=DIR, a folder with train.txt/valid.txt/test.txt"
+    offline_hint = (
+        "offline? pass data=wikitext2_mini (the WikiText-2 slice shipped with posbench) "
+        "or data.path=DIR, a folder with train.txt/valid.txt/test.txt"
+    )
     cached = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
     if not cached and not _hub_reachable():
         raise PosbenchError(
@@ -107,11 +147,11 @@ def _read_hub(cfg: DataConfig) -> dict[str, list[str]]:
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:
-    lines = _read_local(Path(cfg.path).expanduser()) if cfg.path else _read_hub(cfg)
-    corpus = build_corpus(lines)
+    folder = local_folder(cfg)
+    corpus = build_corpus(_read_local(folder) if folder else _read_hub(cfg))
     log.info(
         "data: %s, vocab %d, tokens %s",
-        cfg.path or f"{cfg.hf_path}/{cfg.hf_name}",
+        folder or f"{cfg.hf_path}/{cfg.hf_name}",
         corpus.vocab_size,
         {s: len(t) for s, t in corpus.splits.items()},
     )
