@@ -2,12 +2,15 @@
 
 import math
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib.colors import to_hex
 
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
 from posbench.positional import ENCODINGS
-from posbench.report import REPORT_DIR, encoding_colour, line_styles, report
+from posbench.report import REPORT_DIR, report
+from posbench.report.figures import ENCODING_COLOURS, encoding_colours, line_styles
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -101,11 +104,27 @@ def test_report_dir_is_not_read_back(sweep):
 
 def test_an_encoding_keeps_its_colour_whatever_else_is_plotted():
     """per_position_loss.png lacks encodings that cannot serve the longest length; colours must not shift."""
-    every = line_styles([("alibi", "", 256), ("learned", "", 256), ("rope", "", 256), ("rope", "yarn×4", 256)])
-    fewer = line_styles([("alibi", "", 256), ("rope", "", 256)])
+    keys = [("alibi", "", 256), ("learned", "", 256), ("rope", "", 256), ("rope", "yarn×4", 256)]
+    every = line_styles(keys, encoding_colours(["alibi", "learned", "rope"]))
+    fewer = line_styles([("alibi", "", 256), ("rope", "", 256)], encoding_colours(["alibi", "rope"]))
     assert every[("rope", "", 256)]["color"] == fewer[("rope", "", 256)]["color"] == every[("rope", "yarn×4", 256)]["color"]
     assert every[("rope", "", 256)]["linestyle"] != every[("rope", "yarn×4", 256)]["linestyle"]
-    assert len({encoding_colour(name) for name in ENCODINGS}) == len(ENCODINGS)
+    assert len(set(encoding_colours(ENCODINGS).values())) == len(ENCODINGS)
+
+
+def test_the_ten_encodings_keep_their_tab10_colours():
+    tab10 = [to_hex(c) for c in plt.get_cmap("tab10").colors]
+    names = ["alibi", "rope", "sinusoidal", "learned", "none", "t5", "kerple_log", "kerple_power", "fire", "xpos"]
+    assert encoding_colours(names) == dict(zip(names, tab10)) == ENCODING_COLOURS
+
+
+@pytest.mark.parametrize("count", [1, 10, 11, 40])
+def test_unknown_encodings_get_colours_no_other_encoding_has(count):
+    unknown = [f"mine{i}" for i in range(count)]
+    colours = encoding_colours([*ENCODING_COLOURS, *unknown])
+    assert [colours[name] for name in ENCODING_COLOURS] == list(ENCODING_COLOURS.values())
+    assert len(set(colours.values())) == len(ENCODING_COLOURS) + count
+    assert encoding_colours(["alibi", "mine0"])["mine0"] != ENCODING_COLOURS["alibi"]  # tab10 by index gave alibi's
 
 
 def test_variants_in_numeric_order(sweep):
@@ -114,4 +133,5 @@ def test_variants_in_numeric_order(sweep):
     text = (report(sweep) / "summary.md").read_text()
     rows = [text.index(f"| alibi | linear×{factor} | 4 |") for factor in (2, 4, 16)]
     assert rows == sorted(rows)  # as strings ×16 would come before ×2 and ×4
-    assert [k[1] for k in line_styles([("alibi", "linear×16", 4), ("alibi", "linear×4", 4)])] == ["linear×4", "linear×16"]
+    styles = line_styles([("alibi", "linear×16", 4), ("alibi", "linear×4", 4)], encoding_colours(["alibi"]))
+    assert [k[1] for k in styles] == ["linear×4", "linear×16"]
