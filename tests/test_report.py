@@ -27,24 +27,21 @@ def write_run(folder, encoding, seed, eval_mode="nonoverlapping", variant=""):
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for eval_len, ppl in zip(LENGTHS, PPL[encoding, seed]):
-        row = dict(
-            encoding=encoding, variant=variant, train_len=TRAIN_LEN, eval_len=eval_len, split="test", eval_mode=eval_mode,
-            stride=eval_len if eval_mode == "nonoverlapping" else 2, tokens=64, unigram_ppl=UNIGRAM, seed=seed,
-            params=1, encoding_params=0, run_dir=str(folder), reason="",
-        )  # fmt: skip
+        stride = eval_len if eval_mode == "nonoverlapping" else 2
+        row = dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, eval_len=eval_len, split="test")
+        row.update(eval_mode=eval_mode, stride=stride, tokens=64, unigram_ppl=UNIGRAM, seed=seed, params=1)
+        row.update(encoding_params=0, run_dir=str(folder), reason="")
         if ppl is None:
             row.update(status="unsupported", reason="too long")
         else:
             row.update(status="ok", nll=math.log(ppl), ppl=ppl, ppl_beyond=ppl + 1 if eval_len > TRAIN_LEN else None)
         rows.append(row)
     pd.DataFrame(rows, columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
-    positions = [
-        dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, seed=seed, split="test", eval_mode=eval_mode,
-             stride=8, eval_len=8, position=p, nll=1.0 + seed + p / 10, count=8)
-        for p in range(8)
-    ]  # fmt: skip
+    line = dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, seed=seed, split="test", eval_mode=eval_mode)
+    positions = [dict(line, stride=8, eval_len=8, position=p, nll=1.0 + seed + p / 10, count=8) for p in range(8)]
     pd.DataFrame(positions, columns=PER_POSITION_COLUMNS).to_csv(folder / PER_POSITION, index=False)
-    pd.DataFrame({"step": [1, 2], "tokens": [100, 200], "valid_loss": [5.0 + seed, 4.0 + seed]}).to_csv(folder / "train_log.csv", index=False)
+    train_log = pd.DataFrame({"step": [1, 2], "tokens": [100, 200], "valid_loss": [5.0 + seed, 4.0 + seed]})
+    train_log.to_csv(folder / "train_log.csv", index=False)
 
 
 @pytest.fixture
@@ -107,8 +104,9 @@ def test_an_encoding_keeps_its_colour_whatever_else_is_plotted():
     keys = [("alibi", "", 256), ("learned", "", 256), ("rope", "", 256), ("rope", "yarn×4", 256)]
     every = line_styles(keys, encoding_colours(["alibi", "learned", "rope"]))
     fewer = line_styles([("alibi", "", 256), ("rope", "", 256)], encoding_colours(["alibi", "rope"]))
-    assert every[("rope", "", 256)]["color"] == fewer[("rope", "", 256)]["color"] == every[("rope", "yarn×4", 256)]["color"]
-    assert every[("rope", "", 256)]["linestyle"] != every[("rope", "yarn×4", 256)]["linestyle"]
+    rope, rope_yarn = every[("rope", "", 256)], every[("rope", "yarn×4", 256)]
+    assert rope["color"] == fewer[("rope", "", 256)]["color"] == rope_yarn["color"]
+    assert rope["linestyle"] != rope_yarn["linestyle"]
     assert len(set(encoding_colours(ENCODINGS).values())) == len(ENCODINGS)
 
 

@@ -135,9 +135,9 @@ def context_free_warnings(summary: pd.DataFrame, split: str) -> list[str]:
         & (summary["eval_len"] == summary["train_len"])
     ]
     return [
-        f"- **{label(p.encoding, p.variant, p.train_len)}**: {split} perplexity {p.ppl_mean:.1f} at the training length is "
-        f"not clearly below the unigram reference {p.unigram_ppl:.1f} (above {CONTEXT_FREE:.0%} of it): the model has "
-        "barely learned to use context, so its extrapolation numbers mean little."
+        f"- **{label(p.encoding, p.variant, p.train_len)}**: {split} perplexity {p.ppl_mean:.1f} at the training "
+        f"length is not clearly below the unigram reference {p.unigram_ppl:.1f} (above {CONTEXT_FREE:.0%} of it): "
+        "the model has barely learned to use context, so its extrapolation numbers mean little."
         for p in df.itertuples()
         if p.ppl_mean > CONTEXT_FREE * p.unigram_ppl
     ]
@@ -150,7 +150,7 @@ def mode_title(results: pd.DataFrame, mode: str) -> str:
 
 
 def summary_markdown(root: Path, results: pd.DataFrame, summary: pd.DataFrame, left_out: dict[Path, str]) -> str:
-    """summary.md: the context-free warnings, a ppl and a ppl_beyond table per split and eval mode, the runs left out."""
+    """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the runs (or rows) left out."""
     sections = [
         f"# posbench report\n\n{results['run_dir'].nunique()} runs under `{root}`. Cells: mean ± sample standard "
         "deviation over seeds (the `seeds` column of summary.csv says how many); in brackets the change of the "
