@@ -1,6 +1,7 @@
 """report on a fixture folder of 2 encodings x 2 seeds: means, sample stds, tables, figures."""
 
 import math
+import shutil
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -9,8 +10,10 @@ from matplotlib.colors import to_hex
 
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
 from posbench.positional import ENCODINGS
-from posbench.report import REPORT_DIR, report
-from posbench.report.figures import ENCODING_COLOURS, encoding_colours, line_styles
+from posbench.report import REPORT_DIR, collect_runs, report
+from posbench.report.collect import RESULTS, RUN_CSVS
+from posbench.report.figures import ENCODING_COLOURS, draw_figures, encoding_colours, line_styles
+from posbench.report.tables import aggregate, normalise
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -78,6 +81,25 @@ def test_figures_png_and_svg(sweep):
     for name in ("ppl_vs_length", "per_position_loss", "training_curves"):
         assert (out / f"{name}.png").stat().st_size > 1000
         assert "<svg" in (out / f"{name}.svg").read_text()[:1000]
+
+
+def test_figures_are_drawn_from_what_collect_read(sweep, tmp_path_factory):
+    runs = collect_runs(sweep)
+    results = normalise(runs.rows(RESULTS))
+    shutil.rmtree(sweep)  # nothing left on disk to read
+    out = tmp_path_factory.mktemp("figures")
+    draw_figures(runs, results, aggregate(results), "test", out)
+    assert sorted(p.stem for p in out.glob("*.svg")) == ["per_position_loss", "ppl_vs_length", "training_curves"]
+
+
+def test_collect_reads_one_more_csv_named_in_its_table(sweep, monkeypatch):
+    """How a probe's CSV joins the report: one entry (file name: numeric columns) in RUN_CSVS."""
+    monkeypatch.setitem(RUN_CSVS, "copy_probe.csv", ("accuracy",))
+    probe = sweep / "0_alibi_0" / "copy_probe.csv"
+    pd.DataFrame({"encoding": ["alibi", "alibi"], "accuracy": ["0.5", "high"]}).to_csv(probe, index=False)
+    runs = collect_runs(sweep)
+    assert runs.rows("copy_probe.csv")["accuracy"].tolist() == [0.5]
+    assert runs.left_out == {probe.parent: "copy_probe.csv: 1 of 2 rows left out (1 unparsable accuracy)"}
 
 
 def test_a_panel_per_eval_mode_and_variants_as_lines(sweep):

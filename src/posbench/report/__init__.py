@@ -16,11 +16,11 @@ from typing import Iterator
 
 from ..errors import PosbenchError
 from ..io import write_csv, write_text
-from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect, collect_results
+from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results, collect_runs
 from .figures import draw_figures
 from .tables import aggregate, normalise, splits, summary_markdown
 
-__all__ = ["REPORT_DIR", "Runs", "collect", "collect_results", "report"]
+__all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
 
 
 def report(root: Path) -> Path:
@@ -31,7 +31,7 @@ def report(root: Path) -> Path:
     root = Path(root)
     if not root.is_dir():
         raise PosbenchError(f"{root} is not a folder")
-    runs = collect(root)
+    runs = collect_runs(root)
     results = normalise(runs.rows(RESULTS))
     summary = aggregate(results)
     out = root / REPORT_DIR

@@ -56,7 +56,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Runs:
-    """What ``collect`` found: the runs it reports and, per run folder, what it left out and why."""
+    """What ``collect_runs`` found: the runs it reports and, per run folder, what it left out and why."""
 
     reported: list[Run]
     left_out: dict[Path, str]
@@ -67,7 +67,7 @@ class Runs:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def collect(root: Path) -> Runs:
+def collect_runs(root: Path) -> Runs:
     """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded)."""
     reported, left_out = [], {}
     for folder in run_folders(root):
@@ -87,7 +87,7 @@ def collect(root: Path) -> Runs:
 
 def collect_results(root: Path) -> tuple[pd.DataFrame, dict[Path, str]]:
     """The usable results.csv rows below ``root``, concatenated, and what was left out of which run folder."""
-    runs = collect(root)
+    runs = collect_runs(root)
     return runs.rows(RESULTS), runs.left_out
 
 
@@ -147,7 +147,7 @@ def read_table(path: Path) -> tuple[pd.DataFrame | None, str]:
     reasons = ", ".join(f"{count} {fault}" for fault, count in faults[bad].value_counts(sort=False).items())
     usable = table[~bad].reset_index(drop=True)
     for column in RUN_CSVS[path.name]:
-        if column in usable and usable[column].dtype == object:
+        if column in usable and not pd.api.types.is_numeric_dtype(usable[column]):
             usable[column] = pd.to_numeric(usable[column])  # the text column of numbers its faults made
     return usable, f"{path.name}: {bad.sum()} of {len(table)} rows left out ({reasons})"
 

@@ -1,5 +1,5 @@
 """The report's figures, as PNG and SVG: perplexity vs length, loss by position, training curves.
-Pure functions of what ``collect`` returned; each encoding keeps one colour in every figure."""
+Pure functions of what ``collect_runs`` returned; each encoding keeps one colour in every figure."""
 
 from __future__ import annotations
 

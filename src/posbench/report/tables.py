@@ -1,5 +1,5 @@
 """The report's numbers: rows on one footing, means and stds over seeds, the Markdown of summary.md and the
-curves the figures draw. Pure functions of what ``collect`` returned."""
+curves the figures draw. Pure functions of what ``collect_runs`` returned."""
 
 from __future__ import annotations
 
