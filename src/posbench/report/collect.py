@@ -154,12 +154,12 @@ def read_table(path: Path) -> tuple[pd.DataFrame | None, str]:
 
 def row_faults(table: pd.DataFrame, numeric: tuple[str, ...]) -> pd.Series:
     """Why each row cannot be used, "" where it can: a value that is not a number in one of the ``numeric``
-    columns, or a measured (status ok) perplexity that is NaN or infinite."""
+    columns or, in results.csv, a measured (status ok) perplexity that is NaN or infinite."""
     faults = pd.Series("", index=table.index)
     for column in (c for c in numeric if c in table):
         parsed = pd.to_numeric(table[column], errors="coerce")
         faults[(faults == "") & parsed.isna() & table[column].notna()] = f"unparsable {column}"
-    if "ppl" in numeric and {"ppl", "status"} <= set(table.columns):
+    if {"ppl", "status"} <= set(table.columns):
         ppl = pd.to_numeric(table["ppl"], errors="coerce")
         faults[(faults == "") & (table["status"] == "ok") & ~np.isfinite(ppl)] = "non-finite ppl"
     return faults
