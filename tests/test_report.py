@@ -3,9 +3,9 @@
 import math
 import shutil
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
+from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
@@ -133,7 +133,7 @@ def test_an_encoding_keeps_its_colour_whatever_else_is_plotted():
 
 
 def test_the_ten_encodings_keep_their_tab10_colours():
-    tab10 = [to_hex(c) for c in plt.get_cmap("tab10").colors]
+    tab10 = [to_hex(c) for c in colormaps["tab10"].colors]
     names = ["alibi", "rope", "sinusoidal", "learned", "none", "t5", "kerple_log", "kerple_power", "fire", "xpos"]
     assert encoding_colours(names) == dict(zip(names, tab10)) == ENCODING_COLOURS
 

@@ -6,16 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-import matplotlib
+import pandas as pd
+from matplotlib.colors import hsv_to_rgb, to_hex
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.colors import hsv_to_rgb, to_hex  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
-
-from .collect import PER_POSITION, Runs  # noqa: E402
-from .tables import LINE, by_line, eval_modes, label, line_key, mode_title, per_position_curves, training_curves  # noqa: E402
+from .collect import PER_POSITION, Runs
+from .tables import LINE, by_line, eval_modes, label, line_key, mode_title, per_position_curves, training_curves
 
 #: Each encoding's colour in every figure (matplotlib's tab10, in the order the encodings were added).
 ENCODING_COLOURS = {
@@ -76,11 +73,10 @@ def plain_ticks(ax) -> None:
         axis.set_minor_formatter(plain)
 
 
-def save_figure(fig, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
     """``path`` (.png) and the same figure as .svg beside it."""
     for target in (path, path.with_suffix(".svg")):
         fig.savefig(target, dpi=120, format=target.suffix[1:], bbox_inches="tight")
-    plt.close(fig)
 
 
 def plot_ppl_vs_length(results: pd.DataFrame, summary: pd.DataFrame, split: str, colours: dict, path: Path) -> None:
@@ -88,7 +84,8 @@ def plot_ppl_vs_length(results: pd.DataFrame, summary: pd.DataFrame, split: str,
     df = summary[(summary["split"] == split) & summary["ppl_mean"].notna()]
     modes = eval_modes(df)
     styles = line_styles(list(df.groupby(LINE).groups), colours)
-    fig, axes = plt.subplots(1, len(modes), figsize=(6.5 * len(modes), 4.8), sharey=True, squeeze=False)
+    fig = Figure(figsize=(6.5 * len(modes), 4.8))
+    axes = fig.subplots(1, len(modes), sharey=True, squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for key, group in by_line(df[df["eval_mode"] == mode]):
             group = group.sort_values("eval_len")
@@ -120,7 +117,8 @@ def plot_per_position(per_position: pd.DataFrame, split: str, colours: dict, pat
     if curves.empty:
         return False
     styles = line_styles(list(curves.groupby(LINE).groups), colours)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.subplots()
     for key, group in by_line(curves):
         ax.plot(group["x"], group["nll"], label=label(*key), **styles[key])
     for train_len in sorted(curves["train_len"].unique()):
@@ -141,7 +139,8 @@ def plot_training_curves(curves: pd.DataFrame, colours: dict, path: Path) -> boo
     """Validation loss vs tokens seen, a line per (encoding, train_len); False if no run logged one."""
     if curves.empty:
         return False
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig = Figure(figsize=(7.5, 4.8))
+    ax = fig.subplots()
     for (encoding, train_len), curve in curves.groupby(["encoding", "train_len"]):
         ax.plot(
             curve["tokens"],
