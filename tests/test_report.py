@@ -1,13 +1,19 @@
 """report on a fixture folder of 2 encodings x 2 seeds: means, sample stds, tables, figures."""
 
 import math
+import shutil
 
 import pandas as pd
 import pytest
+from matplotlib import colormaps
+from matplotlib.colors import to_hex
 
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
 from posbench.positional import ENCODINGS
-from posbench.report import REPORT_DIR, encoding_colour, line_styles, report
+from posbench.report import REPORT_DIR, collect_runs, report
+from posbench.report.collect import RESULTS, RUN_CSVS
+from posbench.report.figures import ENCODING_COLOURS, draw_figures, encoding_colours, line_styles
+from posbench.report.tables import aggregate, normalise
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -24,24 +30,21 @@ def write_run(folder, encoding, seed, eval_mode="nonoverlapping", variant=""):
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for eval_len, ppl in zip(LENGTHS, PPL[encoding, seed]):
-        row = dict(
-            encoding=encoding, variant=variant, train_len=TRAIN_LEN, eval_len=eval_len, split="test", eval_mode=eval_mode,
-            stride=eval_len if eval_mode == "nonoverlapping" else 2, tokens=64, unigram_ppl=UNIGRAM, seed=seed,
-            params=1, encoding_params=0, run_dir=str(folder), reason="",
-        )  # fmt: skip
+        stride = eval_len if eval_mode == "nonoverlapping" else 2
+        row = dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, eval_len=eval_len, split="test")
+        row.update(eval_mode=eval_mode, stride=stride, tokens=64, unigram_ppl=UNIGRAM, seed=seed, params=1)
+        row.update(encoding_params=0, run_dir=str(folder), reason="")
         if ppl is None:
             row.update(status="unsupported", reason="too long")
         else:
             row.update(status="ok", nll=math.log(ppl), ppl=ppl, ppl_beyond=ppl + 1 if eval_len > TRAIN_LEN else None)
         rows.append(row)
     pd.DataFrame(rows, columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
-    positions = [
-        dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, seed=seed, split="test", eval_mode=eval_mode,
-             stride=8, eval_len=8, position=p, nll=1.0 + seed + p / 10, count=8)
-        for p in range(8)
-    ]  # fmt: skip
+    line = dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, seed=seed, split="test", eval_mode=eval_mode)
+    positions = [dict(line, stride=8, eval_len=8, position=p, nll=1.0 + seed + p / 10, count=8) for p in range(8)]
     pd.DataFrame(positions, columns=PER_POSITION_COLUMNS).to_csv(folder / PER_POSITION, index=False)
-    pd.DataFrame({"step": [1, 2], "tokens": [100, 200], "valid_loss": [5.0 + seed, 4.0 + seed]}).to_csv(folder / "train_log.csv", index=False)
+    train_log = pd.DataFrame({"step": [1, 2], "tokens": [100, 200], "valid_loss": [5.0 + seed, 4.0 + seed]})
+    train_log.to_csv(folder / "train_log.csv", index=False)
 
 
 @pytest.fixture
@@ -80,6 +83,25 @@ def test_figures_png_and_svg(sweep):
         assert "<svg" in (out / f"{name}.svg").read_text()[:1000]
 
 
+def test_figures_are_drawn_from_what_collect_read(sweep, tmp_path_factory):
+    runs = collect_runs(sweep)
+    results = normalise(runs.rows(RESULTS))
+    shutil.rmtree(sweep)  # nothing left on disk to read
+    out = tmp_path_factory.mktemp("figures")
+    draw_figures(runs, results, aggregate(results), "test", out)
+    assert sorted(p.stem for p in out.glob("*.svg")) == ["per_position_loss", "ppl_vs_length", "training_curves"]
+
+
+def test_collect_reads_one_more_csv_named_in_its_table(sweep, monkeypatch):
+    """How a probe's CSV joins the report: one entry (file name: numeric columns) in RUN_CSVS."""
+    monkeypatch.setitem(RUN_CSVS, "copy_probe.csv", ("accuracy",))
+    probe = sweep / "0_alibi_0" / "copy_probe.csv"
+    pd.DataFrame({"encoding": ["alibi", "alibi"], "accuracy": ["0.5", "high"]}).to_csv(probe, index=False)
+    runs = collect_runs(sweep)
+    assert runs.rows("copy_probe.csv")["accuracy"].tolist() == [0.5]
+    assert runs.left_out == {probe.parent: "copy_probe.csv: 1 of 2 rows left out (1 unparsable accuracy)"}
+
+
 def test_a_panel_per_eval_mode_and_variants_as_lines(sweep):
     write_run(sweep / "4_alibi_sliding", "alibi", 0, eval_mode="sliding")
     write_run(sweep / "5_alibi_variant", "alibi", 0, variant="yarn×4")
@@ -101,11 +123,28 @@ def test_report_dir_is_not_read_back(sweep):
 
 def test_an_encoding_keeps_its_colour_whatever_else_is_plotted():
     """per_position_loss.png lacks encodings that cannot serve the longest length; colours must not shift."""
-    every = line_styles([("alibi", "", 256), ("learned", "", 256), ("rope", "", 256), ("rope", "yarn×4", 256)])
-    fewer = line_styles([("alibi", "", 256), ("rope", "", 256)])
-    assert every[("rope", "", 256)]["color"] == fewer[("rope", "", 256)]["color"] == every[("rope", "yarn×4", 256)]["color"]
-    assert every[("rope", "", 256)]["linestyle"] != every[("rope", "yarn×4", 256)]["linestyle"]
-    assert len({encoding_colour(name) for name in ENCODINGS}) == len(ENCODINGS)
+    keys = [("alibi", "", 256), ("learned", "", 256), ("rope", "", 256), ("rope", "yarn×4", 256)]
+    every = line_styles(keys, encoding_colours(["alibi", "learned", "rope"]))
+    fewer = line_styles([("alibi", "", 256), ("rope", "", 256)], encoding_colours(["alibi", "rope"]))
+    rope, rope_yarn = every[("rope", "", 256)], every[("rope", "yarn×4", 256)]
+    assert rope["color"] == fewer[("rope", "", 256)]["color"] == rope_yarn["color"]
+    assert rope["linestyle"] != rope_yarn["linestyle"]
+    assert len(set(encoding_colours(ENCODINGS).values())) == len(ENCODINGS)
+
+
+def test_the_ten_encodings_keep_their_tab10_colours():
+    tab10 = [to_hex(c) for c in colormaps["tab10"].colors]
+    names = ["alibi", "rope", "sinusoidal", "learned", "none", "t5", "kerple_log", "kerple_power", "fire", "xpos"]
+    assert encoding_colours(names) == dict(zip(names, tab10)) == ENCODING_COLOURS
+
+
+@pytest.mark.parametrize("count", [1, 10, 11, 40])
+def test_unknown_encodings_get_colours_no_other_encoding_has(count):
+    unknown = [f"mine{i}" for i in range(count)]
+    colours = encoding_colours([*ENCODING_COLOURS, *unknown])
+    assert [colours[name] for name in ENCODING_COLOURS] == list(ENCODING_COLOURS.values())
+    assert len(set(colours.values())) == len(ENCODING_COLOURS) + count
+    assert encoding_colours(["alibi", "mine0"])["mine0"] != ENCODING_COLOURS["alibi"]  # tab10 by index gave alibi's
 
 
 def test_variants_in_numeric_order(sweep):
@@ -114,4 +153,5 @@ def test_variants_in_numeric_order(sweep):
     text = (report(sweep) / "summary.md").read_text()
     rows = [text.index(f"| alibi | linear×{factor} | 4 |") for factor in (2, 4, 16)]
     assert rows == sorted(rows)  # as strings ×16 would come before ×2 and ×4
-    assert [k[1] for k in line_styles([("alibi", "linear×16", 4), ("alibi", "linear×4", 4)])] == ["linear×4", "linear×16"]
+    styles = line_styles([("alibi", "linear×16", 4), ("alibi", "linear×4", 4)], encoding_colours(["alibi"]))
+    assert [k[1] for k in styles] == ["linear×4", "linear×16"]

@@ -26,6 +26,7 @@ from .config import TrainConfig, check_model
 from .errors import PosbenchError
 from .evaluate import autocast, score_nonoverlapping
 from .io import write_csv
+from .markdown import markdown_table
 from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
 from .train import make_optimizer, resolve_device
@@ -276,17 +277,34 @@ def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
         f"{peak / 1e9:.1f} GFLOP/s. Medians of {' and '.join(measured) or 'nothing'}, each after {cfg.warmup} warm-up run(s).\n"
     )
     fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
-    train = ["| encoding | backend | train tok/s | × eager | GFLOP/s | % of peak | note |", "|---|---|---:|---:|---:|---:|---|"]
-    for r in table[table.phase == "train"].itertuples():
-        train.append(
-            f"| {r.encoding} | {r.backend} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(r.vs_eager, '.2f')} | "
-            f"{fmt(r.gflop_per_s, '.1f')} | {fmt(100 * r.peak_fraction, '.0f')} | {r.reason} |"
-        )
-    evals = ["| encoding | backend | tokens | eval tok/s | × eager | extra memory MB | note |", "|---|---|---:|---:|---:|---:|---|"]
-    for r in table[table.phase == "eval"].itertuples():
-        evals.append(
-            f"| {r.encoding} | {r.backend} | {r.seq_len:,} | {fmt(r.tokens_per_s, ',.0f')} | {fmt(r.vs_eager, '.2f')} | "
-            f"{fmt(r.peak_mem_mb, ',.0f')} | {r.reason} |"
-        )
-    train_part = ["## Training", "", *train, ""] if cfg.train_steps else []
-    return "\n".join([head, *train_part, "## Evaluation", "", *evals, ""])
+    train_rows = [
+        [
+            r.encoding,
+            r.backend,
+            fmt(r.tokens_per_s, ",.0f"),
+            fmt(r.vs_eager, ".2f"),
+            fmt(r.gflop_per_s, ".1f"),
+            fmt(100 * r.peak_fraction, ".0f"),
+            r.reason,
+        ]
+        for r in table[table.phase == "train"].itertuples()
+    ]
+    eval_rows = [
+        [
+            r.encoding,
+            r.backend,
+            f"{r.seq_len:,}",
+            fmt(r.tokens_per_s, ",.0f"),
+            fmt(r.vs_eager, ".2f"),
+            fmt(r.peak_mem_mb, ",.0f"),
+            r.reason,
+        ]
+        for r in table[table.phase == "eval"].itertuples()
+    ]
+    numbers = {"train tok/s", "eval tok/s", "tokens", "× eager", "GFLOP/s", "% of peak", "extra memory MB"}
+    train_header = ["encoding", "backend", "train tok/s", "× eager", "GFLOP/s", "% of peak", "note"]
+    train = markdown_table(train_header, train_rows, right=numbers)
+    eval_header = ["encoding", "backend", "tokens", "eval tok/s", "× eager", "extra memory MB", "note"]
+    evals = markdown_table(eval_header, eval_rows, right=numbers)
+    train_part = ["## Training", "", train, ""] if cfg.train_steps else []
+    return "\n".join([head, *train_part, "## Evaluation", "", evals, ""])

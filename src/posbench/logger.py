@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import PosbenchError
+from .markdown import markdown_table
 
 LOGGERS = ("csv", "tensorboard")
 
@@ -27,11 +28,8 @@ def ppl_table(results: pd.DataFrame) -> str:
     """Perplexity by eval_len (rows) and split (columns) as a Markdown table; unsupported lengths are blank."""
     table = results.pivot_table(index="eval_len", columns="split", values="ppl", sort=True)
     table = table.reindex(index=sorted(results["eval_len"].unique()), columns=list(dict.fromkeys(results["split"])))
-    lines = ["| eval_len | " + " | ".join(table.columns) + " |", "|---" * (len(table.columns) + 1) + "|"]
-    for eval_len, row in table.iterrows():
-        cells = ["" if math.isnan(v) else f"{v:.2f}" for v in row]
-        lines.append(f"| {eval_len} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = ([eval_len, *("" if math.isnan(v) else f"{v:.2f}" for v in row)] for eval_len, row in table.iterrows())
+    return markdown_table(["eval_len", *table.columns], rows)
 
 
 class Logger:

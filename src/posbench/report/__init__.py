@@ -1,0 +1,68 @@
+"""``posbench report DIR``: tables and figures from the CSVs of every run below DIR.
+
+Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row), summary.csv
+(mean and std over seeds), summary.md, and ppl_vs_length, per_position_loss and training_curves
+as PNG and SVG. ``collect`` reads, ``tables`` computes, ``figures`` draws.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from ..errors import PosbenchError
+from ..io import write_csv, write_text
+from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results, collect_runs
+from .figures import draw_figures
+from .tables import aggregate, normalise, splits, summary_markdown
+
+__all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
+
+
+def report(root: Path) -> Path:
+    """Write DIR/report/: results.csv (every row), summary.csv (mean, std per point), summary.md, figures.
+
+    All or nothing: the files are built beside DIR/report and replace it only once all are written.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise PosbenchError(f"{root} is not a folder")
+    runs = collect_runs(root)
+    results = normalise(runs.rows(RESULTS))
+    summary = aggregate(results)
+    out = root / REPORT_DIR
+    with replacing(out) as building:
+        write_csv(results, building / "results.csv")
+        write_csv(summary, building / "summary.csv")
+        write_text(summary_markdown(root, results, summary, runs.left_out), building / "summary.md")
+        draw_figures(runs, results, summary, splits(results)[0], building)
+    return out
+
+
+@contextmanager
+def replacing(target: Path) -> Iterator[Path]:
+    """An empty folder beside ``target`` to fill; once filled it takes ``target``'s place. If filling fails
+    it is removed and ``target`` keeps what it held."""
+    building = Path(tempfile.mkdtemp(dir=target.parent, prefix=BUILDING_PREFIX, suffix=".tmp"))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        building.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the report ordinary permissions
+        yield building
+        previous = building.with_name(building.name + ".previous")
+        if target.exists():
+            os.replace(target, previous)
+        try:
+            os.replace(building, target)
+        except OSError:
+            if previous.exists():
+                os.replace(previous, target)
+            raise
+        if previous.exists():
+            shutil.rmtree(previous)
+    finally:
+        shutil.rmtree(building, ignore_errors=True)

@@ -1,0 +1,165 @@
+"""Reading a folder of runs: every CSV of every run folder, read once, the rows that cannot be used left out."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import PosbenchError
+from ..evaluate import PER_POSITION
+from ..io import ERROR_FILE
+
+log = logging.getLogger(__name__)
+
+REPORT_DIR = "report"
+#: The name start of a report being built or replaced beside REPORT_DIR: never a run.
+BUILDING_PREFIX = f".{REPORT_DIR}."
+RESULTS = "results.csv"
+TRAIN_LOG = "train_log.csv"
+
+#: Files that make a folder a run folder: Hydra's record of the run, or what a run writes.
+RUN_MARKERS = (".hydra", RESULTS, "last.pt", "checkpoint.pt", ERROR_FILE)
+#: Columns the report cannot do without.
+REQUIRED_COLUMNS = ("encoding", "train_len", "eval_len", "split", "ppl", "status", "run_dir")
+#: The CSVs read from each run folder, with the columns whose values must be numbers. A run folder
+#: without a usable results.csv is left out whole; its other CSVs are optional.
+RUN_CSVS = {
+    RESULTS: (
+        "train_len",
+        "eval_len",
+        "stride",
+        "tokens",
+        "nll",
+        "ppl",
+        "ppl_beyond",
+        "unigram_ppl",
+        "seed",
+        "params",
+        "encoding_params",
+    ),
+    PER_POSITION: ("train_len", "seed", "stride", "eval_len", "position", "nll", "count"),
+    TRAIN_LOG: ("tokens", "valid_loss"),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run folder's CSVs by file name (results.csv always among them), each holding its usable rows."""
+
+    folder: Path
+    tables: dict[str, pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What ``collect_runs`` found: the runs it reports and, per run folder, what it left out and why."""
+
+    reported: list[Run]
+    left_out: dict[Path, str]
+
+    def rows(self, name: str) -> pd.DataFrame:
+        """The rows of every reported run's ``name`` CSV, in run order (no columns where no run has one)."""
+        frames = [run.tables[name] for run in self.reported if name in run.tables]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def collect_runs(root: Path) -> Runs:
+    """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded)."""
+    reported, left_out = [], {}
+    for folder in run_folders(root):
+        run, problems = read_run(folder)
+        if run is not None:
+            reported.append(run)
+        if problems:
+            left_out[folder] = "; ".join(problems)
+    for folder, reason in left_out.items():
+        log.warning("leaving out %s: %s", folder, reason)
+    if not reported:
+        example = next(iter(left_out.items()), None)
+        left = f"; {len(left_out)} run folder(s) left out, e.g. {example[0]}: {example[1]}" if example else ""
+        raise PosbenchError(f"no finished runs under {root} (no readable results.csv){left}")
+    return Runs(reported, left_out)
+
+
+def collect_results(root: Path) -> tuple[pd.DataFrame, dict[Path, str]]:
+    """The usable results.csv rows below ``root``, concatenated, and what was left out of which run folder."""
+    runs = collect_runs(root)
+    return runs.rows(RESULTS), runs.left_out
+
+
+def run_folders(root: Path) -> list[Path]:
+    """Every folder below ``root`` holding one of RUN_MARKERS, outside the report and the report being built."""
+    folders = {path.parent for marker in RUN_MARKERS for path in root.rglob(marker)}
+    return sorted(f for f in folders if not any(is_report(part) for part in f.relative_to(root).parts))
+
+
+def is_report(name: str) -> bool:
+    return name == REPORT_DIR or name.startswith(BUILDING_PREFIX)
+
+
+def why_skipped(run: Path) -> str:
+    """Why a run folder without a usable results.csv cannot be reported."""
+    if (run / ERROR_FILE).is_file():
+        lines = (run / ERROR_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+        return f"failed: {lines[0] if lines else 'no reason recorded'}"
+    if (run / "last.pt").is_file():
+        return "unfinished: no results.csv yet (train.resume=auto continues it)"
+    return "incomplete: no results.csv (still running, or stopped before its first checkpoint)"
+
+
+def read_run(folder: Path) -> tuple[Run | None, list[str]]:
+    """The run in ``folder`` (None when its results.csv is missing or unusable) and what was left out, and why."""
+    if not (folder / RESULTS).is_file():
+        return None, [why_skipped(folder)]
+    results, problem = read_table(folder / RESULTS)
+    if results is None:
+        return None, [problem]
+    missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
+    if missing:
+        return None, [f"results.csv lacks {', '.join(missing)}"]
+    if results.empty:
+        return None, [problem or "results.csv has no rows"]
+    tables, problems = {RESULTS: results}, [problem] if problem else []
+    for name in RUN_CSVS:
+        if name != RESULTS and (folder / name).is_file():
+            table, problem = read_table(folder / name)
+            if table is not None:
+                tables[name] = table
+            problems += [problem] if problem else []
+    return Run(folder, tables), problems
+
+
+def read_table(path: Path) -> tuple[pd.DataFrame | None, str]:
+    """The usable rows of the CSV at ``path`` (None when it cannot be read) and what was left out, and why."""
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, f"unreadable {path.name}: {first_line}"
+    faults = row_faults(table, RUN_CSVS[path.name])
+    bad = faults != ""
+    if not bad.any():
+        return table, ""
+    reasons = ", ".join(f"{count} {fault}" for fault, count in faults[bad].value_counts(sort=False).items())
+    usable = table[~bad].reset_index(drop=True)
+    for column in RUN_CSVS[path.name]:
+        if column in usable and not pd.api.types.is_numeric_dtype(usable[column]):
+            usable[column] = pd.to_numeric(usable[column])  # the text column of numbers its faults made
+    return usable, f"{path.name}: {bad.sum()} of {len(table)} rows left out ({reasons})"
+
+
+def row_faults(table: pd.DataFrame, numeric: tuple[str, ...]) -> pd.Series:
+    """Why each row cannot be used, "" where it can: a value that is not a number in one of the ``numeric``
+    columns or, in results.csv, a measured (status ok) perplexity that is NaN or infinite."""
+    faults = pd.Series("", index=table.index)
+    for column in (c for c in numeric if c in table):
+        parsed = pd.to_numeric(table[column], errors="coerce")
+        faults[(faults == "") & parsed.isna() & table[column].notna()] = f"unparsable {column}"
+    if {"ppl", "status"} <= set(table.columns):
+        ppl = pd.to_numeric(table["ppl"], errors="coerce")
+        faults[(faults == "") & (table["status"] == "ok") & ~np.isfinite(ppl)] = "non-finite ppl"
+    return faults

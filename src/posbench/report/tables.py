@@ -1,0 +1,213 @@
+"""The report's numbers: rows on one footing, means and stds over seeds, the Markdown of summary.md and the
+curves the figures draw. Pure functions of what ``collect_runs`` returned."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..markdown import markdown_table
+from .collect import RESULTS, TRAIN_LOG, Run
+
+#: The group whose seeds are averaged: one line of a figure, one row of a table.
+LINE = ["encoding", "variant", "train_len"]
+POINT = [*LINE, "eval_mode", "split", "eval_len"]
+#: A model whose perplexity at its training length is above this fraction of the unigram
+#: reference has barely learned to use context.
+CONTEXT_FREE = 0.8
+
+
+def normalise(results: pd.DataFrame) -> pd.DataFrame:
+    """Rows of every version of results.csv on one footing: columns it lacked get their meaning
+    for a plain model (no variant, non-overlapping windows, stride = eval_len)."""
+    df = results.copy()
+    defaults = dict(variant="", eval_mode="nonoverlapping", seed=0, ppl_beyond=float("nan"), unigram_ppl=float("nan"))
+    for column, default in defaults.items():
+        if column not in df:
+            df[column] = default
+    for column in ("variant", "eval_mode"):
+        df[column] = df[column].astype("string").fillna(defaults[column]).astype(str)
+    if "stride" not in df:
+        df["stride"] = df["eval_len"]
+    return df
+
+
+def natural_key(text: str) -> str:
+    """``text`` with its numbers zero-padded, so ``linear×4`` sorts before ``linear×16``."""
+    return re.sub(r"\d+", lambda m: m.group().zfill(12), text)
+
+
+def line_key(key: tuple) -> tuple:
+    """The order of (encoding, variant, train_len) lines in tables and legends."""
+    return (key[0], natural_key(key[1]), *key[2:])
+
+
+def by_line(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """``df`` grouped by line, in ``line_key`` order."""
+    return sorted(df.groupby(LINE), key=lambda item: line_key(item[0]))
+
+
+def label(encoding: str, variant: str, train_len: int | None = None) -> str:
+    name = f"{encoding} {variant}".strip()
+    return name if train_len is None else f"{name} (train {train_len})"
+
+
+def splits(results: pd.DataFrame) -> list[str]:
+    """The splits measured, the one the figures show first."""
+    return [s for s in ("test", "valid") if s in set(results["split"])]
+
+
+def eval_modes(df: pd.DataFrame) -> list[str]:
+    """The eval modes in ``df``, non-overlapping windows first."""
+    return sorted(set(df["eval_mode"]), key=lambda mode: (mode != "nonoverlapping", mode))
+
+
+def aggregate(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample standard deviation (n - 1) across seeds of ppl and ppl_beyond at every point."""
+    ok = results[results["status"] == "ok"]
+    summary = (
+        ok.groupby(POINT, dropna=False)
+        .agg(
+            seeds=("seed", "nunique"),
+            ppl_mean=("ppl", "mean"),
+            ppl_std=("ppl", "std"),
+            ppl_beyond_mean=("ppl_beyond", "mean"),
+            ppl_beyond_std=("ppl_beyond", "std"),
+            unigram_ppl=("unigram_ppl", "mean"),
+        )
+        .reset_index()
+    )
+    unsupported = results[results["status"] != "ok"].groupby(POINT, dropna=False)["status"].first().reset_index()
+    return pd.concat([summary, unsupported], ignore_index=True).sort_values(
+        POINT, key=lambda column: column.map(natural_key) if column.name == "variant" else column, ignore_index=True
+    )
+
+
+def mean_std(mean: float, std: float) -> str:
+    if pd.isna(mean):
+        return ""
+    return f"{mean:.1f}" if pd.isna(std) else f"{mean:.1f} ± {std:.1f}"
+
+
+def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "ppl") -> pd.DataFrame:
+    """(encoding, variant, train_len) x eval_len cells "mean ± std", or the status where nothing was measured.
+
+    For ``ppl`` the change of the mean relative to the training length is added in brackets
+    and the split's unigram perplexity is the last column.
+    """
+    df = summary[(summary["split"] == split) & (summary["eval_mode"] == mode)]
+    rows = {}
+    for key, group in by_line(df):
+        group = group.set_index("eval_len")
+        base = group["ppl_mean"].get(key[2]) if value == "ppl" else None
+        cells = {}
+        for eval_len, point in group.iterrows():
+            mean, std = point[f"{value}_mean"], point[f"{value}_std"]
+            cell = mean_std(mean, std) or (point["status"] if isinstance(point.get("status"), str) else "")
+            if value == "ppl" and not pd.isna(mean) and not pd.isna(base) and eval_len != key[2]:
+                cell += f" ({100 * (mean / base - 1):+.1f}%)"
+            cells[eval_len] = cell
+        if value == "ppl":
+            unigram = group["unigram_ppl"].mean()
+            cells["unigram"] = "" if pd.isna(unigram) else f"{unigram:.1f}"  # runs older than the column
+        rows[key] = cells
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.names = LINE
+    lengths = sorted(c for c in table.columns if c != "unigram")
+    table = table[lengths + (["unigram"] if "unigram" in table.columns else [])].fillna("")
+    return table.loc[:, (table != "").any()]
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A table of ``summary_table`` with its index (the line) as the first columns."""
+    rows = ([*index, *row] for index, row in table.iterrows())
+    return markdown_table([*table.index.names, *table.columns], rows)
+
+
+def context_free_warnings(summary: pd.DataFrame, split: str) -> list[str]:
+    """One line per model whose perplexity at its training length is close to the unigram reference."""
+    df = summary[
+        (summary["split"] == split)
+        & (summary["eval_mode"] == "nonoverlapping")
+        & (summary["eval_len"] == summary["train_len"])
+    ]
+    return [
+        f"- **{label(p.encoding, p.variant, p.train_len)}**: {split} perplexity {p.ppl_mean:.1f} at the training "
+        f"length is not clearly below the unigram reference {p.unigram_ppl:.1f} (above {CONTEXT_FREE:.0%} of it): "
+        "the model has barely learned to use context, so its extrapolation numbers mean little."
+        for p in df.itertuples()
+        if p.ppl_mean > CONTEXT_FREE * p.unigram_ppl
+    ]
+
+
+def mode_title(results: pd.DataFrame, mode: str) -> str:
+    in_mode = results[(results["eval_mode"] == mode) & (results["stride"] < results["eval_len"])]
+    strides = sorted(in_mode["stride"].unique())
+    return f"{mode} (stride {', '.join(str(int(s)) for s in strides)})" if strides else mode
+
+
+def summary_markdown(root: Path, results: pd.DataFrame, summary: pd.DataFrame, left_out: dict[Path, str]) -> str:
+    """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the runs (or rows) left out."""
+    sections = [
+        f"# posbench report\n\n{results['run_dir'].nunique()} runs under `{root}`. Cells: mean ± sample standard "
+        "deviation over seeds (the `seeds` column of summary.csv says how many); in brackets the change of the "
+        "mean relative to the training length; `unigram`: the perplexity of a model that ignores context "
+        "(training-split frequencies)."
+    ]
+    warnings = context_free_warnings(summary, splits(results)[0])
+    if warnings:
+        sections.append("## Models that barely use context\n\n" + "\n".join(warnings))
+    for split in splits(results):
+        for mode in eval_modes(summary[summary["split"] == split]):
+            ppl = to_markdown(summary_table(summary, split, mode))
+            sections.append(f"## {split} perplexity, {mode_title(results, mode)}\n\n{ppl}")
+            beyond = to_markdown(summary_table(summary, split, mode, value="ppl_beyond"))
+            sections.append(
+                f"### {split}, {mode}: perplexity of the tokens at window positions ≥ train_len only\n\n{beyond}"
+            )
+    if left_out:
+        sections.append("## Runs left out\n\n" + "\n".join(f"- `{run}`: {reason}" for run, reason in left_out.items()))
+    return "\n\n".join(sections) + "\n"
+
+
+def per_position_curves(
+    per_position: pd.DataFrame, split: str, bins_per_octave: int = 4
+) -> tuple[pd.DataFrame, int | None]:
+    """Mean NLL per (line, position bin) at the longest length in non-overlapping mode, pooled over seeds.
+
+    Positions are grouped in log-spaced bins (``bins_per_octave`` per doubling), weighting
+    each position by its token count; ``x`` is the bin's mean number of tokens in context + 1.
+    """
+    if per_position.empty:
+        return pd.DataFrame(), None
+    df = normalise(per_position)
+    df = df[(df["split"] == split) & (df["eval_mode"] == "nonoverlapping")]
+    if df.empty:
+        return pd.DataFrame(), None
+    longest = int(df["eval_len"].max())
+    df = df[df["eval_len"] == longest].copy()
+    df["bin"] = (np.log2(df["position"] + 1) * bins_per_octave).round()
+    df["weighted_nll"], df["weighted_x"] = df["nll"] * df["count"], (df["position"] + 1) * df["count"]
+    sums = dict(weighted_nll=("weighted_nll", "sum"), weighted_x=("weighted_x", "sum"), count=("count", "sum"))
+    curves = df.groupby([*LINE, "bin"]).agg(**sums).reset_index()
+    curves["nll"], curves["x"] = curves["weighted_nll"] / curves["count"], curves["weighted_x"] / curves["count"]
+    return curves[[*LINE, "x", "nll", "count"]], longest
+
+
+def training_curves(runs: list[Run]) -> pd.DataFrame:
+    """Validation loss by tokens seen, mean over the seeds of each (encoding, train_len)."""
+    frames = []
+    for run in runs:
+        train_log = run.tables.get(TRAIN_LOG)
+        if train_log is None or not {"tokens", "valid_loss"} <= set(train_log.columns):
+            continue
+        first = run.tables[RESULTS].iloc[0]
+        valid = train_log.dropna(subset=["valid_loss"])
+        frames.append(valid.assign(encoding=first["encoding"], train_len=first["train_len"]))
+    if not frames:
+        return pd.DataFrame()
+    losses = pd.concat(frames, ignore_index=True).groupby(["encoding", "train_len", "tokens"])["valid_loss"]
+    return losses.mean().reset_index()
