@@ -19,7 +19,9 @@ from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
 from posbench.config import CONFIG_DIR
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel
-from posbench.train import RESUME_IGNORED, config_differences, lr_factor, resume_source, train
+from posbench.optim import lr_factor
+from posbench.resume import RESUME_IGNORED, config_differences, resume_source
+from posbench.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 #: Seconds of training and evaluation: validation every 4 steps, resume state every 3 (plus train.steps, eval_lens).

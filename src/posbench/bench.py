@@ -23,11 +23,12 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from .config import TrainConfig
-from .evaluate import autocast, score_nonoverlapping
+from .evaluate import score_nonoverlapping
 from .io import write_csv
 from .model import LanguageModel, ModelConfig
+from .optim import make_optimizer
 from .positional import ENCODINGS
-from .train import make_optimizer, resolve_device
+from .runtime import autocast, resolve_device
 
 log = logging.getLogger(__name__)
 
