@@ -101,8 +101,8 @@ class Run:
     loss_fn: nn.Module  # (x, y) -> (B, T) NLL; under DDP when there are several ranks
     rows: slice  # this rank's rows of the global batch
     logger: Logger
+    bar: tqdm  # on a terminal, rank 0 only
     last_log_time: float = field(default_factory=time.perf_counter)
-    bar: tqdm | None = None
 
 
 def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
@@ -133,7 +133,16 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
         log.info("resumed from %s at step %d of %d", source, progress.step, t.steps)
     loss_fn, rows = distributed.training_loss(model, world, device), world.batch_slice(t.batch_size)
     logger = open_logger(cfg.logger, run_dir, world.is_main)
-    return Run(cfg, run_dir, world, device, corpus, model, optimizer, scheduler, gen, progress, loss_fn, rows, logger)
+    bar = tqdm(
+        total=t.steps,
+        initial=progress.step,
+        desc=f"train {cfg.encoding.name}",
+        disable=not (sys.stderr.isatty() and world.is_main),
+        dynamic_ncols=True,
+    )
+    return Run(
+        cfg, run_dir, world, device, corpus, model, optimizer, scheduler, gen, progress, loss_fn, rows, logger, bar
+    )
 
 
 # One optimizer step on the global batch (x, y); each rank computes the loss of its own rows.
@@ -265,9 +274,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             start_afresh(run_dir)
         run = prepare(cfg, run_dir, world)
         t, progress = cfg.train, run.progress
-        bar_hidden = not (sys.stderr.isatty() and world.is_main)
-        run.bar = tqdm(total=t.steps, initial=progress.step, desc=f"train {cfg.encoding.name}", dynamic_ncols=True)
-        run.bar.disable = bar_hidden
         with signals_deferred() as caught:
             for step in range(progress.step + 1, t.steps + 1):
                 x, y = sample_batch(run.corpus.splits["train"], t.batch_size, cfg.train_len, run.gen)
