@@ -13,7 +13,7 @@ import pytest
 
 from posbench import io
 from posbench.errors import PosbenchError
-from posbench.io import LOCK_FILE, atomic_write, lock_run_dir, write_csv, write_text
+from posbench.io import LOCK_FILE, RunFolderBusy, atomic_write, lock_run_dir, write_csv, write_text
 
 
 def debris(folder) -> list[str]:
@@ -99,7 +99,7 @@ def test_a_really_read_only_folder_names_the_destination(tmp_path):
 
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     with lock_run_dir(tmp_path):
-        with pytest.raises(PosbenchError) as caught:
+        with pytest.raises(RunFolderBusy) as caught:
             with lock_run_dir(tmp_path):
                 pytest.fail("two writers in one folder")
         assert str(caught.value) == (

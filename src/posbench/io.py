@@ -20,6 +20,10 @@ ERROR_FILE = "error.txt"
 LOCK_FILE = ".lock"
 
 
+class RunFolderBusy(PosbenchError):
+    """Another process writes to the run folder: its error.txt is that process's, not to be touched."""
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call ``write(tmp)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
@@ -55,7 +59,7 @@ def write_text(text: str, path: Path) -> None:
 
 @contextlib.contextmanager
 def lock_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir`` for this process's writes; another process trying the same gets a PosbenchError.
+    """Hold ``run_dir`` for this process's writes; another process trying the same gets RunFolderBusy.
 
     The kernel drops the lock when the process exits, killed or not. Once it is held, no other
     posbench process writes here, so temporary files left by an interrupted write are removed.
@@ -68,7 +72,7 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "unknown"
-            raise PosbenchError(
+            raise RunFolderBusy(
                 f"another posbench process (pid {holder}) is writing to {run_dir}; "
                 "wait for it to finish or use another folder"
             ) from None
