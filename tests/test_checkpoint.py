@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import builtins
+import errno
+from pathlib import Path
+
 import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posbench import checkpoint
 from posbench.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from posbench.errors import PosbenchError
 
@@ -16,8 +21,10 @@ def payload(**changes) -> dict:
     plain = {
         "model": {"weight": torch.arange(6.0).reshape(2, 3)},
         "config": {"encoding": {"name": "alibi"}, "train_len": 32},
-        "vocab": list(VOCAB), "step": 4, "valid_loss": 5.5,
-    }  # fmt: skip
+        "vocab": list(VOCAB),
+        "step": 4,
+        "valid_loss": 5.5,
+    }
     return plain | changes
 
 
@@ -28,6 +35,16 @@ def test_round_trip_gives_the_weights_and_a_config_object(tmp_path):
     assert isinstance(loaded["config"], DictConfig) and loaded["config"].encoding.name == "alibi"
     assert loaded["vocab"] == VOCAB and loaded["step"] == 4
     assert load_checkpoint(tmp_path / CHECKPOINT, encoding="alibi", vocab=VOCAB)["valid_loss"] == 5.5
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_a_full_disk_is_an_oserror_naming_the_checkpoint(tmp_path, monkeypatch):
+    # torch's writer itself meets the full disk, as when last.pt outgrows the free space.
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode: builtins.open("/dev/full", mode), raising=False)
+    with pytest.raises(OSError) as caught:
+        save_checkpoint(tmp_path / "last.pt", payload(model={"weight": torch.zeros(1 << 16)}))
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(tmp_path / "last.pt")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_missing(tmp_path):
@@ -81,5 +98,8 @@ def test_another_encoding(tmp_path):
 )
 def test_vocabulary_that_does_not_match_the_data(tmp_path, data_vocab, where):
     save_checkpoint(tmp_path / CHECKPOINT, payload())
-    with pytest.raises(PosbenchError, match=rf"vocabulary of 4 words that does not match the data's {len(data_vocab)} \(they first differ at word {where}\)"):
+    with pytest.raises(
+        PosbenchError,
+        match=rf"4 words that does not match the data's {len(data_vocab)} \(they first differ at word {where}\)",
+    ):
         load_checkpoint(tmp_path, vocab=data_vocab)

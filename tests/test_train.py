@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,18 +14,26 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
 from posbench import train as train_module
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
-from posbench.config import CONFIG_DIR
 from posbench.errors import PosbenchError
+from posbench.io import lock_run_dir
 from posbench.model import LanguageModel
-from posbench.train import RESUME_IGNORED, config_differences, lr_factor, resume_source, train
+from posbench.optim import lr_factor
+from posbench.reevaluate import evaluate_checkpoint, register
+from posbench.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 #: Seconds of training and evaluation: validation every 4 steps, resume state every 3 (plus train.steps, eval_lens).
-TINY = ["experiment=smoke", "train.eval_every=4", "train.checkpoint_every=3", "eval.splits=[valid]", "eval.max_tokens=1024", "train.val_tokens=512"]
+TINY = [
+    "experiment=smoke",
+    "train.eval_every=4",
+    "train.checkpoint_every=3",
+    "eval.splits=[valid]",
+    "eval.max_tokens=1024",
+    "train.val_tokens=512",
+]
 SMALL = [*TINY, "train.steps=10", "eval_lens=[32,64]"]
 
 
@@ -45,37 +55,6 @@ def test_lr_factor_warms_up_then_decays_to_min_ratio():
     assert lr_factor(3, warmup=4, total=20, min_ratio=0.1) == pytest.approx(1.0)
     assert lr_factor(12, warmup=4, total=20, min_ratio=0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way: cos(pi/2)=0
     assert lr_factor(20, warmup=4, total=20, min_ratio=0.1) == pytest.approx(0.1)
-
-
-def test_config_differences_ignore_only_settings_that_change_no_number(compose_config):
-    base = compose_config("train", ["experiment=smoke"])
-    other = compose_config("train", ["experiment=smoke", "train.resume=false", "data.path=/elsewhere", "device=cpu", "train.checkpoint_every=7"])
-    assert config_differences(base, other) == []
-    changed = compose_config("train", ["experiment=smoke", "train.steps=7", "encoding=rope"])
-    differences = config_differences(base, changed)
-    assert "train.steps: 6 -> 7" in differences
-    assert any(d.startswith("encoding.name: alibi -> rope") for d in differences)
-
-
-def test_folder_names_leave_out_exactly_the_keys_resume_ignores():
-    # One idea, two places: a key that may change on resume must not rename the run folder, and vice versa.
-    hydra = yaml.safe_load((CONFIG_DIR / "train.yaml").read_text())["hydra"]
-    assert set(hydra["job"]["config"]["override_dirname"]["exclude_keys"]) == set(RESUME_IGNORED)
-    assert hydra["sweep"]["subdir"] == "${hydra.job.override_dirname}"  # not the job's number: stable across re-launches
-
-
-def test_resume_source_follows_train_resume(compose_config, tmp_path):
-    def source(value):
-        return resume_source(compose_config("train", [f"train.resume={value}"]), tmp_path)
-
-    assert source("auto") is None and source("false") is None
-    with pytest.raises(PosbenchError, match="train.resume=true but .* holds no last.pt"):
-        source("true")
-    (tmp_path / RESUME_CHECKPOINT).write_bytes(b"")
-    assert source("auto") == source("true") == tmp_path / RESUME_CHECKPOINT
-    assert source("false") is None
-    assert source(str(tmp_path)) == tmp_path / RESUME_CHECKPOINT  # a folder means its last.pt
-    assert source(str(tmp_path / "elsewhere.pt")) == tmp_path / "elsewhere.pt"
 
 
 def interrupt_at(monkeypatch, call: int, signum=signal.SIGTERM) -> None:
@@ -100,7 +79,9 @@ def test_signal_saves_state_and_resume_matches_uninterrupted_run(small_config, t
         train(small_config(), tmp_path / "run")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
     state = load_checkpoint(tmp_path / "run" / RESUME_CHECKPOINT)
-    assert state["progress"]["step"] == 5 and state["progress"]["tokens_seen"] == 5 * 4 * 32  # steps x batch x train_len
+    assert (
+        state["progress"]["step"] == 5 and state["progress"]["tokens_seen"] == 5 * 4 * 32
+    )  # steps x batch x train_len
     assert not (tmp_path / "run" / "results.csv").exists()
     assert len(pd.read_csv(tmp_path / "run" / "train_log.csv")) == 5  # log_every=1 in smoke
 
@@ -108,7 +89,11 @@ def test_signal_saves_state_and_resume_matches_uninterrupted_run(small_config, t
     resumed = train(small_config(), tmp_path / "run")
     assert resumed["best_valid_loss"] == reference["best_valid_loss"]
     pd.testing.assert_frame_equal(numbers(resumed["results"]), numbers(reference["results"]), check_exact=True)
-    pd.testing.assert_frame_equal(numbers(pd.read_csv(tmp_path / "run" / "results.csv")), numbers(pd.read_csv(tmp_path / "reference" / "results.csv")), check_exact=True)
+    pd.testing.assert_frame_equal(
+        numbers(pd.read_csv(tmp_path / "run" / "results.csv")),
+        numbers(pd.read_csv(tmp_path / "reference" / "results.csv")),
+        check_exact=True,
+    )
     logs = [pd.read_csv(tmp_path / d / "train_log.csv").drop(columns="tokens_per_s") for d in ("reference", "run")]
     pd.testing.assert_frame_equal(*logs, check_exact=True)
     assert not (tmp_path / "run" / RESUME_CHECKPOINT).exists()  # finished: checkpoint.pt and results.csv remain
@@ -123,7 +108,9 @@ def test_finished_run_is_skipped_and_a_changed_config_is_refused(small_config, t
     again = train(small_config(), tmp_path)
     assert (tmp_path / "results.csv").stat().st_mtime_ns == results_written
     assert list(again["results"]["ppl"]) == list(first["results"]["ppl"])
-    with pytest.raises(PosbenchError, match=r"finished run that has another config \(train.lr: 0.003 -> 0.001\).*train.resume=false"):
+    with pytest.raises(
+        PosbenchError, match=r"finished run that has another config \(train.lr: 0.003 -> 0.001\).*train.resume=false"
+    ):
         train(small_config("train.lr=0.001"), tmp_path)
 
 
@@ -193,7 +180,9 @@ def test_killed_subprocess_resumes_to_the_uninterrupted_numbers(mini_data, tmp_p
     def command(run_dir: Path) -> list[str]:
         return [sys.executable, "-m", "posbench", "train", *args, f"hydra.run.dir={run_dir}"]
 
-    reference = subprocess.Popen(command(tmp_path / "reference"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reference = subprocess.Popen(
+        command(tmp_path / "reference"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     killed = subprocess.Popen(command(tmp_path / "run"), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (tmp_path / "run" / RESUME_CHECKPOINT).exists():
@@ -215,7 +204,16 @@ def test_relaunched_sweep_skips_finished_jobs_in_stable_folders(mini_data, tmp_p
     sweep = tmp_path / "sweep"
 
     def launch(encodings: str) -> subprocess.CompletedProcess:
-        args = ["-m", "train", f"encoding={encodings}", *TINY, "train.steps=4", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.sweep.dir={sweep}"]
+        args = [
+            "-m",
+            "train",
+            f"encoding={encodings}",
+            *TINY,
+            "train.steps=4",
+            "eval_lens=[32]",
+            f"data.path={mini_data}",
+            f"hydra.sweep.dir={sweep}",
+        ]
         return subprocess.run([sys.executable, "-m", "posbench", *args], cwd=REPO, capture_output=True, text=True)
 
     first = launch("none")
@@ -229,3 +227,56 @@ def test_relaunched_sweep_skips_finished_jobs_in_stable_folders(mini_data, tmp_p
     assert "already holds this run, finished" in second.stdout + second.stderr
     assert (run / "results.csv").stat().st_mtime_ns == written
     assert (sweep / run.name.replace("encoding=none", "encoding=alibi") / "results.csv").is_file()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("device=banana", "device must be auto, cpu, cuda or cuda:N, got 'banana'"),
+        ("threads=0", "threads must be a positive integer or null, got 0"),
+        ("threads=-1", "threads must be a positive integer or null, got -1"),
+    ],
+)
+def test_bad_device_or_threads_is_a_one_line_error(small_config, tmp_path, override, message):
+    with pytest.raises(PosbenchError, match=re.escape(message)):
+        train(small_config(override), tmp_path)
+    assert not (tmp_path / RESUME_CHECKPOINT).exists()
+
+
+def test_a_folder_another_process_writes_to_is_refused(small_config, tmp_path):
+    with lock_run_dir(tmp_path):
+        with pytest.raises(PosbenchError, match=rf"another posbench process \(pid {os.getpid()}\) is writing to"):
+            train(small_config(), tmp_path)
+    assert not (tmp_path / RESUME_CHECKPOINT).exists()
+
+
+@pytest.mark.slow
+def test_eval_on_an_interrupted_run_neither_finishes_it_nor_writes_while_it_is_locked(
+    small_config, compose_config, tmp_path, monkeypatch, caplog
+):
+    interrupt_at(monkeypatch, call=5)
+    with pytest.raises(PosbenchError, match="stopped by SIGTERM"):
+        train(small_config(), tmp_path)
+    monkeypatch.undo()
+    register()
+    command = compose_config("eval", [f"checkpoint={tmp_path}", "eval_lens=[32,64]", "eval.splits=[valid]"])
+    keys = ["checkpoint", "eval_lens", "eval.splits"]
+    with lock_run_dir(tmp_path), pytest.raises(PosbenchError, match="another posbench process"):
+        evaluate_checkpoint(command, keys, tmp_path)
+    evaluate_checkpoint(command, keys, tmp_path)  # a complete results.csv beside last.pt
+    caplog.set_level(logging.INFO, logger="posbench.train")
+    train(small_config(), tmp_path)
+    assert "resumed from" in caplog.text and "already holds this run" not in caplog.text
+    assert not (tmp_path / RESUME_CHECKPOINT).exists()
+
+
+@pytest.mark.slow
+def test_resume_false_starts_afresh_without_the_old_runs_rows(small_config, tmp_path):
+    train(small_config(), tmp_path)
+    stale = pd.read_csv(tmp_path / "per_position.csv").assign(variant="stale")
+    pd.concat([pd.read_csv(tmp_path / "per_position.csv"), stale]).to_csv(tmp_path / "per_position.csv", index=False)
+    (tmp_path / "extra_results.csv").write_text("a\n1\n")
+    train(small_config("train.resume=false", "train.lr=0.001"), tmp_path)  # another config: no mismatch error
+    positions = pd.read_csv(tmp_path / "per_position.csv", keep_default_na=False)
+    assert set(positions["variant"]) == {""} and not (tmp_path / "extra_results.csv").exists()
+    assert load_checkpoint(tmp_path / CHECKPOINT)["config"].train.lr == 0.001

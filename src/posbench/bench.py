@@ -24,12 +24,13 @@ from omegaconf import OmegaConf
 
 from .config import TrainConfig, check_model
 from .errors import PosbenchError
-from .evaluate import autocast, score_nonoverlapping
+from .evaluate import score_nonoverlapping
 from .io import write_csv
 from .markdown import markdown_table
 from .model import LanguageModel, ModelConfig
+from .optim import make_optimizer
 from .positional import ENCODINGS
-from .train import make_optimizer, resolve_device
+from .runtime import autocast, resolve_device
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,23 @@ RESUME_CHECKPOINT = "last.pt"
 
 def save_checkpoint(path: Path, payload: dict) -> None:
     """Write atomically: the previous checkpoint stays intact until the new one is complete."""
-    atomic_write(Path(path), lambda tmp: torch.save(payload, tmp))
+    atomic_write(Path(path), lambda tmp: _save(payload, tmp))
 
 
-def _first_line(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+def _save(payload: dict, tmp: Path) -> None:
+    # Through a Python file, a full disk is an OSError (given a path, torch raises a RuntimeError).
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
 
 
-def load_checkpoint(path: Path, map_location="cpu", *, encoding: str | None = None, vocab: list[str] | None = None) -> dict:
+def unreadable(path: Path, e: Exception) -> PosbenchError:
+    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return PosbenchError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {first_line}")
+
+
+def load_checkpoint(
+    path: Path, map_location="cpu", *, encoding: str | None = None, vocab: list[str] | None = None
+) -> dict:
     """Load a checkpoint written by posbench, or raise a one-line PosbenchError saying what is wrong.
 
     ``path`` may be the file or its run folder (then ``checkpoint.pt``). Given ``encoding`` and
@@ -49,9 +58,9 @@ def load_checkpoint(path: Path, map_location="cpu", *, encoding: str | None = No
                 f"checkpoint {path} holds pickled Python objects, not just tensors and plain containers; "
                 "posbench refuses to load it (it could run arbitrary code)"
             ) from None
-        raise PosbenchError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {_first_line(e)}") from None
+        raise unreadable(path, e) from None
     except Exception as e:  # a damaged file fails anywhere in the unpickler (EOFError, IndexError, zip errors...)
-        raise PosbenchError(f"checkpoint {path} is unreadable (truncated or not a checkpoint): {_first_line(e)}") from None
+        raise unreadable(path, e) from None
     if not isinstance(payload, dict) or not {"model", "config", "vocab"} <= payload.keys():
         raise PosbenchError(f"checkpoint {path} is not a posbench checkpoint (needs model, config, vocab)")
     if not isinstance(payload["config"], dict) or not isinstance(payload["vocab"], list):

@@ -28,6 +28,7 @@ from .data import UNK, Corpus
 from .io import write_csv
 from .model import LanguageModel
 from .positional.rope import scaling_label
+from .runtime import autocast
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,6 @@ def score_windows(model: LanguageModel, tokens: Tensor, eval_len: int, stride: i
 def score_nonoverlapping(model: LanguageModel, tokens: Tensor, eval_len: int, batch_tokens: int, device) -> Score:
     """Consecutive windows of ``eval_len`` (the last one shorter)."""
     return score_windows(model, tokens, eval_len, eval_len, batch_tokens, device)
-
-
-def autocast(device):
-    """bf16 autocast on CUDA; a no-op context on CPU (fp32 there)."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
 
 
 def unigram_ppl(train: Tensor, targets: Tensor, vocab: list[str]) -> float:

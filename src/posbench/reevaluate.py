@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import pandas as pd
-import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -23,10 +22,11 @@ from .config import Config, EvalConfig, check_config, check_eval
 from .data import DataConfig, load_corpus
 from .errors import PosbenchError
 from .evaluate import RESULT_KEYS, evaluate_lengths, merge_csv
+from .io import lock_run_dir
 from .model import LanguageModel
 from .positional import ENCODINGS
 from .positional.rope import RopeScalingConfig
-from .train import resolve_device
+from .runtime import resolve_device, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,7 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     payload = load_checkpoint(Path(command.checkpoint))
     cfg = run_config(payload["config"], command, keys)
     check_config(cfg)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    set_threads(cfg.threads)
     corpus = load_corpus(cfg.data)
     check_vocab(payload, corpus.vocab, Path(command.checkpoint))
     device = resolve_device(cfg.device)
@@ -113,8 +112,9 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     except RuntimeError as e:
         raise PosbenchError(f"the checkpoint's weights do not fit its config: {str(e).splitlines()[0]}") from None
     out_dir = Path(out_dir)
-    results = evaluate_lengths(model, corpus, cfg, device, out_dir)
-    merge_csv(results, out_dir / "results.csv", RESULT_KEYS)
+    with lock_run_dir(out_dir):
+        results = evaluate_lengths(model, corpus, cfg, device, out_dir)
+        merge_csv(results, out_dir / "results.csv", RESULT_KEYS)
     log.info("%d rows written to %s", len(results), out_dir / "results.csv")
     return results
 

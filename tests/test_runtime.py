@@ -1,0 +1,88 @@
+"""Device, threads, RNG state and autocast: strict one-line checks, separate from torch's settings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from posbench import runtime
+from posbench.errors import PosbenchError
+from posbench.runtime import autocast, check_threads, resolve_device, rng_states, set_rng_states, set_threads
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """cuda(available, count): pretend this machine has ``count`` CUDA devices (or none)."""
+
+    def _cuda(available: bool, count: int = 0):
+        monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(runtime.torch.cuda, "device_count", lambda: count)
+
+    return _cuda
+
+
+@pytest.mark.parametrize("name", ["banana", "gpu", "CUDA", "cuda:", "cuda:x", "cpu:0", "mps", ""])
+def test_unknown_device_names_are_one_line_errors(name, cuda):
+    cuda(True, 1)
+    with pytest.raises(PosbenchError, match=f"device must be auto, cpu, cuda or cuda:N, got '{name}'"):
+        resolve_device(name)
+
+
+@pytest.mark.parametrize("name", ["cuda", "cuda:0"])
+def test_cuda_without_cuda_says_to_use_cpu_or_auto(name, cuda):
+    cuda(False)
+    with pytest.raises(
+        PosbenchError, match=f"device={name} but this torch build or machine has no CUDA; use device=cpu"
+    ):
+        resolve_device(name)
+
+
+def test_auto_cpu_and_cuda_resolve(cuda):
+    cuda(False)
+    assert resolve_device("auto") == resolve_device("cpu") == torch.device("cpu")
+    cuda(True, 2)
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(PosbenchError, match="device=cuda:2 but this machine has 2 CUDA device"):
+        resolve_device("cuda:2")
+
+
+@pytest.mark.parametrize("n", [None, 1, 3])
+def test_threads_null_or_positive_pass(n):
+    check_threads(n)
+
+
+@pytest.mark.parametrize("n", [0, -1, True, False, 2.5, "4"])
+def test_threads_zero_negative_or_not_an_int_are_one_line_errors(n):
+    with pytest.raises(PosbenchError, match=f"threads must be a positive integer or null, got {n}"):
+        check_threads(n)
+
+
+def test_set_threads_sets_torch_threads_and_null_leaves_them():
+    before = torch.get_num_threads()
+    try:
+        set_threads(None)
+        assert torch.get_num_threads() == before
+        set_threads(1)
+        assert torch.get_num_threads() == 1
+        with pytest.raises(PosbenchError):
+            set_threads(0)
+        assert torch.get_num_threads() == 1  # checked before anything changes
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_rng_states_put_back_give_the_same_draws():
+    states = rng_states()
+    first = (torch.rand(3), random.random())
+    set_rng_states(states)
+    second = (torch.rand(3), random.random())
+    assert torch.equal(first[0], second[0]) and first[1] == second[1]
+
+
+def test_autocast_is_fp32_on_cpu():
+    a = torch.randn(4, 4)
+    with autocast("cpu"):
+        assert (a @ a).dtype == torch.float32
