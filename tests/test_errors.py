@@ -285,7 +285,8 @@ def test_cli_read_only_finished_run_eval_and_report_are_one_line(
     results = (run_dir / "results.csv").read_bytes()
     read_only(run_dir)
 
-    assert_one_line(posbench(*train), str(run_dir))  # re-running the finished run
+    again = posbench(*train)  # re-running the finished run only reads it
+    assert again.returncode == 0 and "already holds this run, finished" in again.stdout + again.stderr
     assert_one_line(posbench("eval", f"checkpoint={run_dir}", "eval_lens=[64]", f"data.path={mini_data}"), str(run_dir))
     assert_one_line(posbench("report", str(run_dir)), str(run_dir))
     assert (run_dir / "results.csv").read_bytes() == results  # nothing lost

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from posbench import io
-from posbench.errors import PosbenchError
-from posbench.io import LOCK_FILE, RunFolderBusy, atomic_write, lock_run_dir, write_csv, write_text
+from posbench.errors import PosbenchError, RunFolderBusy
+from posbench.io import LOCK_FILE, atomic_write, lock_run_dir, write_csv, write_text
 
 
 def debris(folder) -> list[str]:
@@ -86,15 +86,11 @@ def test_a_read_only_folder_is_an_oserror_naming_the_destination(tmp_path, monke
     assert debris(tmp_path) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders")
-def test_a_really_read_only_folder_names_the_destination(tmp_path):
-    tmp_path.chmod(0o555)
-    try:
-        with pytest.raises(PermissionError) as caught:
-            write_text("x\n", tmp_path / "results.csv")
-    finally:
-        tmp_path.chmod(0o755)
-    assert caught.value.filename == str(tmp_path / "results.csv")
+def test_a_really_read_only_folder_names_the_destination(tmp_path, read_only):
+    folder = read_only(tmp_path / "run")
+    with pytest.raises(PermissionError) as caught:
+        write_text("x\n", folder / "results.csv")
+    assert caught.value.filename == str(folder / "results.csv")
 
 
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path):

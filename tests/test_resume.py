@@ -32,9 +32,8 @@ def test_folder_names_leave_out_exactly_the_keys_resume_ignores():
     # One idea, two places: a key that may change on resume must not rename the run folder, and vice versa.
     hydra = yaml.safe_load((CONFIG_DIR / "train.yaml").read_text())["hydra"]
     assert set(hydra["job"]["config"]["override_dirname"]["exclude_keys"]) == set(RESUME_IGNORED)
-    assert (
-        hydra["sweep"]["subdir"] == "${hydra.job.override_dirname}"
-    )  # not the job's number: stable across re-launches
+    # not the job's number: stable across re-launches; data.path comes back as a tag (it changes the data)
+    assert hydra["sweep"]["subdir"] == "${hydra.job.override_dirname}${posbench_data_tag:${data.path}}"
 
 
 def test_resume_source_follows_train_resume(compose_config, tmp_path):

@@ -21,6 +21,10 @@ class Interrupted(PosbenchError):
     """Stopped by a signal (SIGINT, SIGTERM) with the state saved: a sweep stops too, not only its job."""
 
 
+class RunFolderBusy(PosbenchError):
+    """Another process writes to the run folder: its error.txt is that process's, not to be touched."""
+
+
 def fail(message: str) -> int:
     print(f"posbench: error: {message}", file=sys.stderr)
     return 2
@@ -64,11 +68,12 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else 'no message'} (unexpected; debug=true shows the traceback)"
 
 
-def record_error(message: str, run_dir: Path | None) -> None:
-    """The run's one-line account for ``report``; a folder that cannot take it (read-only, full) does without."""
+def record_error(e: BaseException, message: str, run_dir: Path | None) -> None:
+    """The run's one-line account for ``report``; a folder that cannot take it (read-only, full) does without,
+    and a folder another process is writing to is left to that process."""
     from .io import ERROR_FILE, write_text
 
-    if run_dir is not None:
+    if run_dir is not None and not isinstance(e, RunFolderBusy):
         with contextlib.suppress(OSError):
             write_text(f"{message}\n", run_dir / ERROR_FILE)
 
@@ -93,7 +98,7 @@ def one_line_errors(debug: bool, run_dir: Path | None = None):
         yield
     except (Exception, KeyboardInterrupt) as e:
         message = describe(e)
-        record_error(message, run_dir)
+        record_error(e, message, run_dir)
         if debug:
             raise
         raise SystemExit(fail(message)) from None

@@ -12,16 +12,12 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
-from .errors import PosbenchError
+from .errors import RunFolderBusy, root_os_error
 
 #: A run folder's one-line account of why its run stopped (written by the CLI, read by ``report``).
 ERROR_FILE = "error.txt"
 #: Held (flock) by the process writing to a run folder; it holds that process's pid.
 LOCK_FILE = ".lock"
-
-
-class RunFolderBusy(PosbenchError):
-    """Another process writes to the run folder: its error.txt is that process's, not to be touched."""
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -42,8 +38,11 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+    except Exception as e:  # torch reports a failed write as a RuntimeError around the OSError
+        cause = root_os_error(e)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, cause.strerror, str(path)) from e
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)

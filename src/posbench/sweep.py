@@ -65,7 +65,7 @@ def run_job(task, cfg, run_dir: Path, sweep_dir: Path) -> None:
         task(cfg, run_dir)
     except (Exception, KeyboardInterrupt) as e:
         message = describe(e)
-        record_error(message, run_dir)
+        record_error(e, message, run_dir)
         record_job(sweep_dir, run_dir, message)
         if cfg.get("debug", False) or isinstance(e, (KeyboardInterrupt, Interrupted)):
             raise
