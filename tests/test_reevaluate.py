@@ -64,7 +64,7 @@ def test_rows_merge_into_the_run_and_sliding_at_eval_len_matches(run, evaluate):
 
 def test_rope_scaling_on_a_bias_encoding_is_refused(tmp_path, compose_config, mini_data, evaluate):
     run = saved_run(tmp_path / "alibi", compose_config, mini_data, encoding="alibi")
-    with pytest.raises(PosbenchError, match="rope.scaling.type applies to rotary"):
+    with pytest.raises(PosbenchError, match="rope.scaling.type applies to runs of encoding=rope; this run is alibi"):
         evaluate(run, ["rope.scaling.type=linear", "rope.scaling.factor=2"])
 
 
