@@ -45,9 +45,8 @@ class FireConfig:
     mlp_width: int = 32
     #: Initial c in ψ(x) = log(c·x + 1).
     init_c: float = 0.1
-    #: Initial threshold L (``null``: the training length). The paper's fixed 512 would, at
-    #: train_len 32, let training see ψ-ratios up to only 0.36 (log 4.1 / log 52.2); any
-    #: L ≤ train_len lets training cover [0, 1], the range every longer evaluation maps into.
+    #: Initial threshold L (``null``: the training length). Any L ≤ train_len lets training cover
+    #: ψ-ratios over all of [0, 1], the range every longer evaluation maps into.
     init_threshold: Optional[float] = None
 
 
