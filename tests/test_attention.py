@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 import pytest
 import torch
 
@@ -61,7 +62,12 @@ def test_eager_matches_attention_written_out_by_hand():
     alibi = encoding("alibi", n_heads=2)
     attn = Attention("eager", alibi)
     torch.testing.assert_close(attn(q, k, v, attn.plan(5, q.device, True, 0.0)), expected, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(eager_attention(q, k, v, attention_mod.causal_mask(alibi, torch.arange(5), torch.arange(5))), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        eager_attention(q, k, v, attention_mod.causal_mask(alibi, torch.arange(5), torch.arange(5))),
+        expected,
+        atol=1e-6,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))

@@ -36,7 +36,9 @@ def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor) -> Ten
     SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
     """
     future = k_pos[None, :] > q_pos[:, None]  # (Q, K)
-    bias = encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *future.shape, device=q_pos.device)
+    bias = (
+        encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *future.shape, device=q_pos.device)
+    )
     return bias.masked_fill(future, float("-inf")).unsqueeze(0)
 
 
@@ -208,8 +210,8 @@ class Attention:
                 return self.flex(q, k, v, plan)
             except Exception as e:  # noqa: BLE001 - any compile failure: fall back, as documented
                 self.flex_broken = True
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({type(e).__name__}: {reason}); using sdpa")
+                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({reason}); using sdpa")
         if plan.backend == "flex":  # broken this pass: re-plan without flex
             plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p)
         return self.dense(q, k, v, plan)

@@ -151,7 +151,11 @@ class LanguageModel(nn.Module):
         h = self(idx)
         chunk = max(1, self.cfg.loss_chunk // idx.shape[0])
         nll = [
-            F.cross_entropy(self.head(h[:, s : s + chunk]).float().flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
+            F.cross_entropy(
+                self.head(h[:, s : s + chunk]).float().flatten(0, 1),
+                targets[:, s : s + chunk].flatten(),
+                reduction="none",
+            )
             for s in range(0, idx.shape[1], chunk)
         ]  # flattened (N, V) logits: the (B, V, T) layout takes a slow path
         return torch.cat([n.view(idx.shape[0], -1) for n in nll], dim=1)

@@ -37,7 +37,9 @@ from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
 SCALING_TYPES = ("linear", "ntk", "dynamic", "yarn")
 
 
-def _yarn_inv_freq(head_dim: int, theta: float, factor: float, original_len: int, beta_fast: float, beta_slow: float) -> Tensor:
+def _yarn_inv_freq(
+    head_dim: int, theta: float, factor: float, original_len: int, beta_fast: float, beta_slow: float
+) -> Tensor:
     """YaRN's blend: extrapolate dimensions that turn more than beta_fast times in L0, interpolate below beta_slow."""
 
     def dim_of(rotations: float) -> float:  # the dimension that turns ``rotations`` times over L0 positions
@@ -52,7 +54,9 @@ def _yarn_inv_freq(head_dim: int, theta: float, factor: float, original_len: int
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
-def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: Mapping | None = None, seq_len: int | None = None) -> tuple[Tensor, float]:
+def rope_inv_freq(
+    head_dim: int, theta: float = 10000.0, scaling: Mapping | None = None, seq_len: int | None = None
+) -> tuple[Tensor, float]:
     """Inverse frequencies (head_dim/2,) fp32 and the attention scale for a RoPE context extension.
 
     ``scaling``: ``None`` or a dict like ``{"type": "yarn", "factor": 4.0,
@@ -160,7 +164,8 @@ class RoPE(PositionEncoding):
         if stale or self.cos.device != device:
             n = seq_len if dynamic else max(seq_len, 2 * self.cos.shape[0])
             inv_freq, attention_scale = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=n)
-            angles = torch.arange(n, device=device, dtype=torch.float32)[:, None] * inv_freq.to(device)[None, :]  # (n, hd/2)
+            positions = torch.arange(n, device=device, dtype=torch.float32)
+            angles = positions[:, None] * inv_freq.to(device)[None, :]  # (n, hd/2)
             self.cos, self.sin = angles.cos() * attention_scale, angles.sin() * attention_scale
         return self.cos[:seq_len], self.sin[:seq_len]
 

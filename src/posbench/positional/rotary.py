@@ -13,7 +13,9 @@ from torch import Tensor
 def rotary_inv_freq(head_dim: int, theta: float) -> Tensor:
     """theta^(-2i/d) for each rotation pair i < d/2, (head_dim/2,) fp32."""
     if head_dim % 2:
-        raise ValueError(f"rotary encodings need an even head dimension (model.d_model / model.n_heads), got {head_dim}")
+        raise ValueError(
+            f"rotary encodings need an even head dimension (model.d_model / model.n_heads), got {head_dim}"
+        )
     if not theta > 0:
         raise ValueError(f"encoding.theta must be positive, got {theta}")
     return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)

@@ -16,7 +16,9 @@ from torch import Tensor, nn
 from .base import Dimensions, PositionEncoding
 
 
-def t5_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False) -> Tensor:
+def t5_bucket(
+    relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False
+) -> Tensor:
     """Bucket ids (LongTensor, same shape) of ``relative_position = key_pos − query_pos``.
 
     The T5 reference ``_relative_position_bucket`` (mesh-tensorflow, Hugging Face T5).
