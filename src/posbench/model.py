@@ -1,8 +1,9 @@
 """A pre-LayerNorm decoder-only Transformer LM whose position encoding is pluggable.
 
 The model talks to its encoding through three calls (see ``positional/base.py``):
-``embed`` on the token embeddings, ``rotate`` on q/k in every layer, and ``bias``
-turned once per forward pass into the attention mask that every layer shares.
+``embed`` on the token embeddings; ``rotate`` on q/k and ``bias`` in the attention
+(``attention.py``), which every layer shares and which turns the bias into one mask per pass.
+The encoding initialises its own parameters; the model's GPT-2 initialisation covers only its own layers.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class LanguageModel(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2's initialisation of the model's own layers; the encoding initialises its own."""
-        self.encoding.reset_parameters()  # first: where the encoding's layers sit in module order
+        self.encoding.reset_parameters()  # first: the encoding is the first child, so draws keep their order
         for child in self.children():
             if child is not self.encoding:
                 child.apply(self._init_weights)
