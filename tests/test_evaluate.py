@@ -21,6 +21,7 @@ from posbench.evaluate import (
     windows,
 )
 from posbench.model import LanguageModel, ModelConfig
+from posbench.positional import Dimensions
 from posbench.positional.nope import NoPE, NoPEConfig
 
 VOCAB = 23
@@ -93,7 +94,7 @@ class FixedLogits(nn.Module):
     def __init__(self, switch: int):
         super().__init__()
         self.switch = switch
-        self.encoding = NoPE(NoPEConfig(), n_heads=1)
+        self.encoding = NoPE(NoPEConfig(), Dimensions(n_heads=1, head_dim=2, d_model=2, train_len=8))
 
     def token_nll(self, idx, targets):
         logits = torch.zeros(*idx.shape, 2)

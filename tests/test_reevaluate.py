@@ -55,7 +55,9 @@ def test_rows_merge_into_the_run_and_sliding_at_eval_len_matches(run, evaluate):
     by = results.set_index(["eval_mode", "variant", "eval_len"])
     assert by.loc[("sliding", "", 64), "ppl"] == pytest.approx(by.loc[("nonoverlapping", "", 64), "ppl"], rel=1e-9)
     assert by.loc[("sliding", "", 32), "stride"] == 32  # capped at eval_len
-    assert by.loc[("nonoverlapping", "yarn×4", 64), "ppl"] != pytest.approx(by.loc[("nonoverlapping", "", 64), "ppl"], rel=1e-6)
+    assert by.loc[("nonoverlapping", "yarn×4", 64), "ppl"] != pytest.approx(
+        by.loc[("nonoverlapping", "", 64), "ppl"], rel=1e-6
+    )
     assert set(results["tokens"]) == {599}
     positions = pd.read_csv(run / "per_position.csv", keep_default_na=False)
     for (mode, variant, eval_len), group in positions.groupby(["eval_mode", "variant", "eval_len"]):
@@ -64,7 +66,7 @@ def test_rows_merge_into_the_run_and_sliding_at_eval_len_matches(run, evaluate):
 
 def test_rope_scaling_on_a_bias_encoding_is_refused(tmp_path, compose_config, mini_data, evaluate):
     run = saved_run(tmp_path / "alibi", compose_config, mini_data, encoding="alibi")
-    with pytest.raises(PosbenchError, match="rope.scaling.type applies to rotary"):
+    with pytest.raises(PosbenchError, match="rope.scaling.type applies to runs of encoding=rope; this run is alibi"):
         evaluate(run, ["rope.scaling.type=linear", "rope.scaling.factor=2"])
 
 
@@ -82,7 +84,9 @@ def test_eval_command_end_to_end(run, tmp_path):
     def posbench(*args):
         return subprocess.run([sys.executable, "-m", "posbench", *args], capture_output=True, text=True, timeout=120)
 
-    done = posbench("eval", f"checkpoint={run / CHECKPOINT}", "eval_lens=[32,64]", "eval.max_tokens=600", "eval.splits=[test]")
+    done = posbench(
+        "eval", f"checkpoint={run / CHECKPOINT}", "eval_lens=[32,64]", "eval.max_tokens=600", "eval.splits=[test]"
+    )
     assert done.returncode == 0, done.stderr
     assert len(pd.read_csv(run / "results.csv")) == 2
     elsewhere = tmp_path / "elsewhere"

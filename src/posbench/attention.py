@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .errors import PosbenchError
 from .positional import PositionEncoding
 
 log = logging.getLogger(__name__)
@@ -37,7 +36,9 @@ def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor) -> Ten
     SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
     """
     future = k_pos[None, :] > q_pos[:, None]  # (Q, K)
-    bias = encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *future.shape, device=q_pos.device)
+    bias = (
+        encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *future.shape, device=q_pos.device)
+    )
     return bias.masked_fill(future, float("-inf")).unsqueeze(0)
 
 
@@ -90,11 +91,11 @@ def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor
     return q_idx >= kv_idx
 
 
-#: ``auto`` runs flex from this length up for evaluation of bias encodings: ``bench`` on CPU found flex
-#: slower than sdpa at 1,024 tokens for four of five bias encodings and faster for all five at 4,096.
+#: ``auto`` runs flex from this length up for evaluation of bias encodings, where ``bench`` measured it
+#: faster than sdpa (docs/performance.md, "Design notes").
 FLEX_AUTO_MIN_LEN = 4096
 
-#: FlexAttention's block size; flex sequences are padded to a multiple of it (``Attention.__call__``).
+#: FlexAttention's block size; flex sequences are padded to a multiple of it (``Attention.flex``).
 FLEX_BLOCK = 128
 
 
@@ -109,10 +110,16 @@ def causal_block_mask(seq_len: int, device: torch.device, block: int = FLEX_BLOC
     diagonal = torch.zeros(n, n, device=device, dtype=torch.int32)
     diagonal[:, 0] = rows  # (n, n): each row's one partial block first, the rest unused
     below = torch.arange(n, device=device, dtype=torch.int32).expand(n, n).contiguous()  # row i: 0..i-1 are used
+    kv_num_blocks = torch.ones(1, 1, n, device=device, dtype=torch.int32)
     return BlockMask.from_kv_blocks(
-        torch.ones(1, 1, n, device=device, dtype=torch.int32), diagonal[None, None],
-        rows[None, None], below[None, None], BLOCK_SIZE=block, mask_mod=causal, seq_lengths=(seq_len, seq_len),
-    )  # fmt: skip
+        kv_num_blocks,
+        diagonal[None, None],
+        rows[None, None],
+        below[None, None],
+        BLOCK_SIZE=block,
+        mask_mod=causal,
+        seq_lengths=(seq_len, seq_len),
+    )
 
 
 @dataclass
@@ -128,7 +135,7 @@ class Plan:
 
 
 class Attention:
-    """The model's attention: resolves the backend per pass and caches per-length masks.
+    """The model's attention: rotates q and k, resolves the backend per pass, caches per-length masks.
 
     ``backend``: one of ``BACKENDS``. ``flex`` falls back to ``sdpa`` (one warning) where it
     cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
@@ -137,7 +144,7 @@ class Attention:
 
     def __init__(self, backend: str, encoding: PositionEncoding):
         if backend not in BACKENDS:
-            raise PosbenchError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
+            raise ValueError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.backend, self.encoding = backend, encoding
         self.score_mod = bias_score_mod(encoding)
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
@@ -156,8 +163,8 @@ class Attention:
 
     def pick(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> str:
         """The backend for one pass: the requested one (flex where it can run), or for ``auto``:
-        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more (measured 1.25-3.3x
-        sdpa at 4,096 and 16,384 on CPU, docs/performance.md), else sdpa."""
+        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, where it was
+        measured faster than sdpa (docs/performance.md), else sdpa."""
         obstacle = self.flex_obstacle(device, needs_grad, dropout_p)
         if self.backend == "auto":
             long_bias_eval = self.encoding.has_bias and seq_len >= FLEX_AUTO_MIN_LEN
@@ -196,22 +203,32 @@ class Attention:
         return self._cache[key]
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
-        """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's bias."""
+        """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias."""
+        q, k = self.encoding.rotate(q, k)
         if plan.backend == "flex" and not self.flex_broken:
             try:
-                # Zero-padded to whole blocks: on CPU (torch 2.13) a block the sequence only partly
-                # fills gave NaN or wrong outputs (scripts/flex_cpu_check.py); padded keys come after
-                # every real query, so the causal mask hides them. The copy also makes q, k, v
-                # contiguous: rotated q, k beside a strided v gave wrong results under compile.
-                pad = plan.block_mask.seq_lengths[0] - plan.seq_len
-                padded = [F.pad(t, (0, 0, 0, pad)) for t in (q, k, v)]
-                out = flex_kernel()(*padded, score_mod=self.score_mod, block_mask=plan.block_mask)
-                return out[:, :, : plan.seq_len]
+                return self.flex(q, k, v, plan)
             except Exception as e:  # noqa: BLE001 - any compile failure: fall back, as documented
                 self.flex_broken = True
-                self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); using sdpa")
+                reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({reason}); using sdpa")
         if plan.backend == "flex":  # broken this pass: re-plan without flex
             plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p)
+        return self.dense(q, k, v, plan)
+
+    def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
+        """FlexAttention on q, k, v zero-padded to whole blocks (docs/performance.md, "Design notes").
+
+        Padded keys come after every real query, so the causal mask hides them; the padded
+        copies are also contiguous, which the compiled kernel needs.
+        """
+        pad = plan.block_mask.seq_lengths[0] - plan.seq_len
+        padded = [F.pad(t, (0, 0, 0, pad)) for t in (q, k, v)]
+        out = flex_kernel()(*padded, score_mod=self.score_mod, block_mask=plan.block_mask)
+        return out[:, :, : plan.seq_len]
+
+    def dense(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
+        """The eager or sdpa backend, with the full mask or one block of queries at a time."""
         attend = eager_attention if plan.backend == "eager" else sdpa_attention
         if plan.query_block is None:
             return attend(q, k, v, plan.mask, plan.dropout_p)

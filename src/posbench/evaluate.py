@@ -27,7 +27,7 @@ from .config import eval_lens_of
 from .data import UNK, Corpus
 from .io import write_csv
 from .model import LanguageModel
-from .positional.rope import scaling_label
+from .positional import ENCODINGS, encoding_config
 from .runtime import autocast
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,8 @@ def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
 
 def variant_of(encoding_cfg) -> str:
     """The evaluation-time variant of an encoding (e.g. ``yarn×4``); empty for the encoding as trained."""
-    return scaling_label(encoding_cfg.get("scaling"))
+    config = encoding_config(encoding_cfg)
+    return ENCODINGS[config.name][1].variant_label(config)
 
 
 def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: int, max_tokens) -> tuple[str, str]:

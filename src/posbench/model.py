@@ -1,8 +1,9 @@
 """A pre-LayerNorm decoder-only Transformer LM whose position encoding is pluggable.
 
 The model talks to its encoding through three calls (see ``positional/base.py``):
-``embed`` on the token embeddings, ``rotate`` on q/k in every layer, and ``bias``
-turned once per forward pass into the attention mask that every layer shares.
+``embed`` on the token embeddings; ``rotate`` on q/k and ``bias`` in the attention
+(``attention.py``), which every layer shares and which turns the bias into one mask per pass.
+The encoding initialises its own parameters; the model's GPT-2 initialisation covers only its own layers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Attention, Plan
-from .positional import PositionEncoding, build_encoding
+from .positional import build_encoding
 
 
 @dataclass
@@ -41,60 +42,82 @@ class ModelConfig:
     compile: bool = False
 
 
+def check_model(cfg: ModelConfig) -> None:
+    """The rules of a model config that its types cannot express (the backend: ``Attention``)."""
+    for key in ("n_layers", "d_model", "n_heads", "d_ff"):
+        value = getattr(cfg, key)
+        if value < 1:
+            raise ValueError(f"model.{key} must be positive, got {value}")
+    if cfg.d_model % cfg.n_heads:
+        raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
+    if not 0 <= cfg.dropout < 1:
+        raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.attn_dropout is not None and not 0 <= cfg.attn_dropout <= 1:
+        raise ValueError(f"model.attn_dropout must be in [0, 1] or null, got {cfg.attn_dropout}")
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, attention: Attention):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attention = attention  # shared by every layer; not a module, so no state-dict keys
 
-    def forward(self, x: Tensor, encoding: PositionEncoding, attention: Attention, plan: Plan) -> Tensor:
+    def forward(self, x: Tensor, plan: Plan) -> Tensor:
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
-        q, k = encoding.rotate(q, k)
-        y = attention(q, k, v, plan)  # (B, H, T, hd)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
+        y = self.attention(q, k, v, plan)  # (B, H, T, hd)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, attention: Attention):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn = SelfAttention(cfg)
+        self.attn = SelfAttention(cfg, attention)
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, encoding: PositionEncoding, attention: Attention, plan: Plan) -> Tensor:
-        x = x + self.attn(self.ln1(x), encoding, attention, plan)
+    def forward(self, x: Tensor, plan: Plan) -> Tensor:
+        x = x + self.attn(self.ln1(x), plan)
         return x + self.mlp(self.ln2(x))
 
 
 class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig, encoding_cfg, vocab_size: int, train_len: int):
         super().__init__()
-        if cfg.d_model % cfg.n_heads:
-            raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
+        check_model(cfg)
         self.cfg = cfg
+        head_dim = cfg.d_model // cfg.n_heads
         self.encoding = build_encoding(
-            encoding_cfg, n_heads=cfg.n_heads, head_dim=cfg.d_model // cfg.n_heads, d_model=cfg.d_model, train_len=train_len
+            encoding_cfg, n_heads=cfg.n_heads, head_dim=head_dim, d_model=cfg.d_model, train_len=train_len
         )
+        self.attention = Attention(cfg.attention, self.encoding)
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, self.attention) for _ in range(cfg.n_layers))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, vocab_size, bias=False)
-        self.apply(self._init_weights)
+        self.reset_parameters()
         if cfg.tie_weights:
             self.head.weight = self.tok_emb.weight
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
-            if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        self.attention = Attention(cfg.attention, self.encoding)
         if cfg.compile:  # per block, in place: state-dict keys keep no `_orig_mod.` prefix
             for block in self.blocks:
                 block.compile()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation of the model's own layers; the encoding initialises its own."""
+        self.encoding.reset_parameters()  # first: the encoding is the first child, so draws keep their order
+        for child in self.children():
+            if child is not self.encoding:
+                child.apply(self._init_weights)
+        for block in self.blocks:  # GPT-2: residual projections scaled by depth
+            for weight in (block.attn.proj.weight, block.mlp[2].weight):
+                nn.init.normal_(weight, std=0.02 / math.sqrt(2 * self.cfg.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -115,9 +138,9 @@ class LanguageModel(nn.Module):
         """idx (B, T) token ids -> final hidden states (B, T, D)."""
         x = self.drop(self.encoding.embed(self.tok_emb(idx)))
         dropout_p = self.attn_dropout if self.training else 0.0
-        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p)  # shared by every layer
+        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p)  # for every layer
         for block in self.blocks:
-            x = block(x, self.encoding, self.attention, plan)
+            x = block(x, plan)
         return self.ln_f(x)
 
     def token_nll(self, idx: Tensor, targets: Tensor) -> Tensor:
@@ -129,7 +152,11 @@ class LanguageModel(nn.Module):
         h = self(idx)
         chunk = max(1, self.cfg.loss_chunk // idx.shape[0])
         nll = [
-            F.cross_entropy(self.head(h[:, s : s + chunk]).float().flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
+            F.cross_entropy(
+                self.head(h[:, s : s + chunk]).float().flatten(0, 1),
+                targets[:, s : s + chunk].flatten(),
+                reduction="none",
+            )
             for s in range(0, idx.shape[1], chunk)
         ]  # flattened (N, V) logits: the (B, V, T) layout takes a slow path
         return torch.cat([n.view(idx.shape[0], -1) for n in nll], dim=1)

@@ -1,7 +1,8 @@
-"""``posbench eval``: evaluate a saved run again, at other lengths, in another mode or with RoPE scaling.
+"""``posbench eval``: evaluate a saved run again, at other lengths, in another mode or in another variant.
 
 The run's own config (from its checkpoint) is the starting point; only the keys given on
-the command line replace it (``rope.scaling.*`` becomes the encoding's ``scaling``). Rows
+the command line replace it. An encoding's evaluation-time options are set under its name
+(``rope.scaling.*`` becomes the encoding's ``scaling``). Rows
 go to the run's results.csv and per_position.csv, replacing rows with the same split,
 eval_len, eval_mode, stride and variant; ``hydra.run.dir=DIR`` writes to DIR instead.
 """
@@ -9,7 +10,7 @@ eval_len, eval_mode, stride and variant; ``hydra.run.dir=DIR`` writes to DIR ins
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -24,19 +25,13 @@ from .errors import PosbenchError
 from .evaluate import RESULT_KEYS, evaluate_lengths, merge_csv
 from .io import lock_run_dir
 from .model import LanguageModel
-from .positional import ENCODINGS
-from .positional.rope import RopeScalingConfig
+from .positional import ENCODINGS, variant_namespaces
 from .runtime import resolve_device, set_threads
 
 log = logging.getLogger(__name__)
 
 #: Keys of the eval command that are not part of the run's config.
 OWN_KEYS = ("checkpoint", "debug")
-
-
-@dataclass
-class RopeOverrides:
-    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
 @dataclass
@@ -47,8 +42,6 @@ class EvalCommandConfig:
     eval_lens: Optional[List[int]] = None
     eval: EvalConfig = field(default_factory=EvalConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    #: RoPE context extension, for checkpoints of encodings with a ``scaling`` option.
-    rope: RopeOverrides = field(default_factory=RopeOverrides)
     device: str = "auto"
     #: Torch CPU threads (``null``: torch's default); set 1 when N evaluations share N cores.
     threads: Optional[int] = None
@@ -61,8 +54,14 @@ def run_folder(checkpoint: str) -> str:
     return str(path if path.is_dir() else path.parent)
 
 
+def eval_schema() -> type:
+    """EvalCommandConfig plus one namespace per encoding with evaluation-time options (``rope.scaling``)."""
+    namespaces = [(name, options, field(default_factory=options)) for name, options in variant_namespaces().items()]
+    return make_dataclass("EvalSchema", namespaces, bases=(EvalCommandConfig,))
+
+
 def register() -> None:
-    ConfigStore.instance().store(name="eval_schema", node=EvalCommandConfig)
+    ConfigStore.instance().store(name="eval_schema", node=eval_schema())
     OmegaConf.register_new_resolver("posbench_run_dir", run_folder, replace=True)
 
 
@@ -87,11 +86,12 @@ def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictC
     except Exception as e:  # a checkpoint from an incompatible version of posbench
         raise PosbenchError(f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}") from None
     for key in keys:
-        if key.split(".")[0] in OWN_KEYS:
+        head = key.split(".")[0]
+        if head in OWN_KEYS:
             continue
-        target = "encoding." + key.removeprefix("rope.") if key.split(".")[0] == "rope" else key
-        if target.startswith("encoding.") and "scaling" not in cfg.encoding:
-            raise PosbenchError(f"{key} applies to rotary encodings with scaling (rope); this run is {name}")
+        if head in variant_namespaces() and head != name:
+            raise PosbenchError(f"{key} applies to runs of encoding={head}; this run is {name}")
+        target = "encoding" + key.removeprefix(head) if head in variant_namespaces() else key
         OmegaConf.update(cfg, target, OmegaConf.select(command, key), merge=True)
     return cfg
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -52,9 +52,9 @@ class AlibiConfig:
 
 
 class ALiBi(PositionEncoding):
-    def __init__(self, cfg: AlibiConfig, n_heads: int, **_):
-        super().__init__(n_heads)
-        slopes = alibi_slopes(n_heads)
+    def __init__(self, cfg: AlibiConfig, dims: Dimensions):
+        super().__init__(dims)
+        slopes = alibi_slopes(dims.n_heads)
         if cfg.learned_slopes:
             self.slopes = nn.Parameter(slopes)
         else:

@@ -8,21 +8,55 @@ An encoding touches attention in at most one of three places, and overrides only
 
 The model calls all three unconditionally; the defaults are no-ops, so the model
 never branches on an encoding's name.
+
+Every encoding is built as ``Encoding(cfg, dims)``: its config dataclass and the model's
+:class:`Dimensions`. Options that may change at evaluation time without retraining (RoPE's
+``scaling``) are declared by ``variant_options`` and named in result rows by ``variant_label``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 
+@dataclass(frozen=True)
+class Dimensions:
+    """What an encoding may need to know about the model it serves."""
+
+    n_heads: int
+    head_dim: int
+    d_model: int
+    #: The training length (some encodings size tables or thresholds by it).
+    train_len: int
+
+
 class PositionEncoding(nn.Module):
     #: Longest sequence the encoding can serve (``None``: any length).
     max_len: int | None = None
+    #: Dataclass of the config fields that may change at evaluation time (``None``: none). Its
+    #: fields must also be fields of the encoding's config; ``posbench eval`` offers them under
+    #: the encoding's name (``rope.scaling.factor=4`` sets ``encoding.scaling.factor``).
+    variant_options: ClassVar[type | None] = None
 
-    def __init__(self, n_heads: int):
+    def __init__(self, dims: Dimensions):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads = dims.n_heads
+
+    @classmethod
+    def variant_label(cls, cfg) -> str:
+        """The ``variant`` column of result rows for config ``cfg``, e.g. ``yarn×4``; empty as trained."""
+        return ""
+
+    def reset_parameters(self) -> None:
+        """Initialise the parameters that are drawn with the model's own layers.
+
+        The model calls it once, after building every layer and before initialising its own;
+        parameters drawn in the constructor need nothing here.
+        """
 
     def embed(self, x: Tensor) -> Tensor:
         """x: (B, T, D) token embeddings of positions 0..T-1 -> same shape."""
@@ -63,5 +97,3 @@ class PositionEncoding(nn.Module):
         if self.max_len is not None and seq_len > self.max_len:
             return f"{type(self).__name__} has {self.max_len} positions; cannot serve {seq_len}"
         return None
-
-

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 #: Keeps the normaliser ψ(max(L, i)) away from zero (the paper's eps).
 EPS = 1e-6
@@ -31,7 +31,8 @@ PAIRS_PER_BLOCK = 2**20
 def linear_init(*shape: int, fan_in: int) -> nn.Parameter:
     """nn.Linear's default initialisation, U(±1/√fan_in), for weights and biases alike.
 
-    Plain parameters rather than nn.Linear so that the model's std-0.02 init leaves them alone.
+    Plain parameters rather than nn.Linear: ``bias_at`` reads single weights (it must stay elementwise),
+    and checkpoints name them ``w1``, ``b1``, ``w2``, ``b2``.
     """
     bound = 1 / math.sqrt(fan_in)
     return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound))
@@ -44,27 +45,26 @@ class FireConfig:
     mlp_width: int = 32
     #: Initial c in ψ(x) = log(c·x + 1).
     init_c: float = 0.1
-    #: Initial threshold L (``null``: the training length). The paper's fixed 512 would, at
-    #: train_len 32, let training see ψ-ratios up to only 0.36 (log 4.1 / log 52.2); any
-    #: L ≤ train_len lets training cover [0, 1], the range every longer evaluation maps into.
+    #: Initial threshold L (``null``: the training length). Any L ≤ train_len lets training cover
+    #: ψ-ratios over all of [0, 1], the range every longer evaluation maps into.
     init_threshold: Optional[float] = None
 
 
 class FIRE(PositionEncoding):
-    def __init__(self, cfg: FireConfig, n_heads: int, train_len: int, **_):
-        super().__init__(n_heads)
-        if cfg.mlp_width < 1:
-            raise ValueError(f"fire.mlp_width must be positive, got {cfg.mlp_width}")
-        init_threshold = train_len if cfg.init_threshold is None else cfg.init_threshold
-        if init_threshold <= 0 or cfg.init_c <= 0:
-            raise ValueError(f"fire.init_c and fire.init_threshold must be positive, got {cfg.init_c}, {init_threshold}")
+    def __init__(self, cfg: FireConfig, dims: Dimensions):
+        super().__init__(dims)
+        init_threshold = dims.train_len if cfg.init_threshold is None else cfg.init_threshold
+        checks = {"mlp_width": cfg.mlp_width >= 1, "init_c": cfg.init_c > 0, "init_threshold": init_threshold > 0}
+        for key, ok in checks.items():
+            if not ok:
+                raise ValueError(f"encoding.{key} must be positive, got {getattr(cfg, key)}")
         self.c = nn.Parameter(torch.tensor(float(cfg.init_c)))
         self.init_threshold = float(init_threshold)
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))
         self.w1 = linear_init(cfg.mlp_width, fan_in=1)  # (W,): the input is one scalar
         self.b1 = linear_init(cfg.mlp_width, fan_in=1)  # (W,)
-        self.w2 = linear_init(n_heads, cfg.mlp_width, fan_in=cfg.mlp_width)  # (H, W)
-        self.b2 = linear_init(n_heads, fan_in=cfg.mlp_width)  # (H,)
+        self.w2 = linear_init(dims.n_heads, cfg.mlp_width, fan_in=cfg.mlp_width)  # (H, W)
+        self.b2 = linear_init(dims.n_heads, fan_in=cfg.mlp_width)  # (H,)
 
     def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """ψ(i − j) / ψ(max(L, i)) over broadcastable positions."""

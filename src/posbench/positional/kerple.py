@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 #: Lower bound of every KERPLE parameter (the reference code's eps).
 FLOOR = 1e-2
@@ -44,9 +44,9 @@ class KerpleLogConfig:
 
 
 class KerpleLog(PositionEncoding):
-    def __init__(self, cfg: KerpleLogConfig, n_heads: int, **_):
-        super().__init__(n_heads)
-        self.r1, self.r2 = uniform_per_head(n_heads, 2.0), uniform_per_head(n_heads, 1.0)
+    def __init__(self, cfg: KerpleLogConfig, dims: Dimensions):
+        super().__init__(dims)
+        self.r1, self.r2 = uniform_per_head(dims.n_heads, 2.0), uniform_per_head(dims.n_heads, 1.0)
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         r1, r2 = bounded(self.r1, FLOOR)[head], bounded(self.r2, FLOOR)[head]
@@ -59,9 +59,9 @@ class KerplePowerConfig:
 
 
 class KerplePower(PositionEncoding):
-    def __init__(self, cfg: KerplePowerConfig, n_heads: int, **_):
-        super().__init__(n_heads)
-        self.a, self.p = uniform_per_head(n_heads, 1.0), uniform_per_head(n_heads, 2.0)
+    def __init__(self, cfg: KerplePowerConfig, dims: Dimensions):
+        super().__init__(dims)
+        self.a, self.p = uniform_per_head(dims.n_heads, 1.0), uniform_per_head(dims.n_heads, 2.0)
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         a, p = bounded(self.a, FLOOR)[head], bounded(self.p, FLOOR, 2.0)[head]

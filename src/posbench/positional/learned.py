@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 
 @dataclass
@@ -19,11 +19,16 @@ class LearnedConfig:
 
 
 class Learned(PositionEncoding):
-    def __init__(self, cfg: LearnedConfig, d_model: int, train_len: int, n_heads: int, **_):
-        super().__init__(n_heads)
-        self.max_len = cfg.max_positions or train_len
-        self.table = nn.Embedding(self.max_len, d_model)
-        nn.init.normal_(self.table.weight, std=0.02)
+    def __init__(self, cfg: LearnedConfig, dims: Dimensions):
+        super().__init__(dims)
+        if cfg.max_positions is not None and cfg.max_positions < 1:
+            raise ValueError(f"encoding.max_positions must be positive or null, got {cfg.max_positions}")
+        self.max_len = cfg.max_positions or dims.train_len
+        self.table = nn.Embedding(self.max_len, dims.d_model)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.table.weight, std=0.02)  # GPT-2's position table, as its token embedding
 
     def embed(self, x: Tensor) -> Tensor:
         seq_len = x.shape[1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 
 @dataclass
@@ -13,5 +13,5 @@ class NoPEConfig:
 
 
 class NoPE(PositionEncoding):
-    def __init__(self, cfg: NoPEConfig, n_heads: int, **_):
-        super().__init__(n_heads)
+    def __init__(self, cfg: NoPEConfig, dims: Dimensions):
+        super().__init__(dims)

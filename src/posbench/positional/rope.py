@@ -31,17 +31,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
+from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
 
 SCALING_TYPES = ("linear", "ntk", "dynamic", "yarn")
 
 
-def _default_inv_freq(head_dim: int, theta: float) -> Tensor:
-    """theta^(-2i/d) for i < d/2, (head_dim/2,) fp32."""
-    return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-
-
-def _yarn_inv_freq(head_dim: int, theta: float, factor: float, original_len: int, beta_fast: float, beta_slow: float) -> Tensor:
+def _yarn_inv_freq(
+    head_dim: int, theta: float, factor: float, original_len: int, beta_fast: float, beta_slow: float
+) -> Tensor:
     """YaRN's blend: extrapolate dimensions that turn more than beta_fast times in L0, interpolate below beta_slow."""
 
     def dim_of(rotations: float) -> float:  # the dimension that turns ``rotations`` times over L0 positions
@@ -52,11 +50,13 @@ def _yarn_inv_freq(head_dim: int, theta: float, factor: float, original_len: int
         high += 0.001  # as in transformers: avoid a zero-width ramp
     # 0: keep the trained frequency (extrapolate), 1: divide it by the factor (interpolate)
     ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (hd/2,)
-    inv_freq = _default_inv_freq(head_dim, theta)
+    inv_freq = rotary_inv_freq(head_dim, theta)
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
-def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: Mapping | None = None, seq_len: int | None = None) -> tuple[Tensor, float]:
+def rope_inv_freq(
+    head_dim: int, theta: float = 10000.0, scaling: Mapping | None = None, seq_len: int | None = None
+) -> tuple[Tensor, float]:
     """Inverse frequencies (head_dim/2,) fp32 and the attention scale for a RoPE context extension.
 
     ``scaling``: ``None`` or a dict like ``{"type": "yarn", "factor": 4.0,
@@ -65,27 +65,26 @@ def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: Mapping | None
     sequence length, used by ``dynamic`` only. As in transformers, the attention scale
     multiplies cos and sin, so q.k logits are multiplied by its square.
     """
-    if head_dim % 2:
-        raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
+    inv_freq = rotary_inv_freq(head_dim, theta)
     kind = scaling.get("type") if scaling else None
     if kind is None:
-        return _default_inv_freq(head_dim, theta), 1.0
+        return inv_freq, 1.0
     if kind not in SCALING_TYPES:
-        raise ValueError(f"rope scaling type must be one of {', '.join(SCALING_TYPES)} or null, got {kind!r}")
+        raise ValueError(f"encoding.scaling.type must be one of {', '.join(SCALING_TYPES)} or null, got {kind!r}")
     factor = float(scaling.get("factor", 1.0))
     if factor < 1:
-        raise ValueError(f"rope scaling factor must be >= 1, got {factor}")
+        raise ValueError(f"encoding.scaling.factor must be >= 1, got {factor}")
     original_len = scaling.get("original_max_position_embeddings")
     if kind in ("dynamic", "yarn") and not original_len:
-        raise ValueError(f"rope scaling {kind} needs original_max_position_embeddings")
+        raise ValueError(f"encoding.scaling.type={kind} needs encoding.scaling.original_max_position_embeddings")
     if kind == "linear":
-        return _default_inv_freq(head_dim, theta) / factor, 1.0
+        return inv_freq / factor, 1.0
     if kind == "ntk":
-        return _default_inv_freq(head_dim, theta * factor ** (head_dim / (head_dim - 2))), 1.0
+        return rotary_inv_freq(head_dim, theta * factor ** (head_dim / (head_dim - 2))), 1.0
     if kind == "dynamic":
         length = max(seq_len or original_len, original_len)
         effective = factor * length / original_len - (factor - 1)
-        return _default_inv_freq(head_dim, theta * effective ** (head_dim / (head_dim - 2))), 1.0
+        return rotary_inv_freq(head_dim, theta * effective ** (head_dim / (head_dim - 2))), 1.0
     beta_fast, beta_slow = scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0
     attention = scaling.get("attention_factor")
     if attention is None:
@@ -93,26 +92,10 @@ def rope_inv_freq(head_dim: int, theta: float = 10000.0, scaling: Mapping | None
     return _yarn_inv_freq(head_dim, theta, factor, original_len, beta_fast, beta_slow), float(attention)
 
 
-def rope_angles(positions: Tensor, head_dim: int, theta: float = 10000.0) -> Tensor:
-    """Rotation angles (seq, head_dim/2) in fp32."""
-    inv_freq, _ = rope_inv_freq(head_dim, theta)
-    return positions.to(torch.float32)[:, None] * inv_freq[None, :]
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Rotate x (..., T, hd) by angles whose cos/sin are (T, hd/2)."""
-    if interleaved:
-        x1, x2 = x[..., 0::2], x[..., 1::2]
-        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        return out.flatten(-2)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
 def apply_rope(x: Tensor, positions: Tensor, theta: float = 10000.0, interleaved: bool = False) -> Tensor:
     """Rotary position embedding of x (..., seq, head_dim) at integer ``positions`` (seq,)."""
-    angles = rope_angles(positions.to(x.device), x.shape[-1], theta)
-    return _rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
+    angles = rotary_angles(positions.to(x.device), x.shape[-1], theta)
+    return rotate_pairs(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
 @dataclass
@@ -146,21 +129,32 @@ class RopeConfig:
     scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
 
+@dataclass
+class RopeVariantOptions:
+    """What ``posbench eval rope.*`` may change in a trained RoPE model."""
+
+    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+
+
 class RoPE(PositionEncoding):
-    def __init__(self, cfg: RopeConfig, head_dim: int, n_heads: int, train_len: int | None = None, **_):
-        super().__init__(n_heads)
+    variant_options = RopeVariantOptions
+
+    def __init__(self, cfg: RopeConfig, dims: Dimensions):
+        super().__init__(dims)
         if cfg.layout not in ("half", "interleaved"):
-            raise ValueError(f"rope.layout must be 'half' or 'interleaved', got {cfg.layout!r}")
-        if head_dim % 2:
-            raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
-        self.head_dim, self.theta, self.interleaved = head_dim, cfg.theta, cfg.layout == "interleaved"
-        scaling = dict(cfg.scaling) if isinstance(cfg.scaling, Mapping) else asdict(cfg.scaling)
-        if scaling.get("type") and not scaling.get("original_max_position_embeddings"):
-            scaling["original_max_position_embeddings"] = train_len
-        self.scaling = scaling if scaling.get("type") else None
-        rope_inv_freq(head_dim, cfg.theta, self.scaling)  # a bad scaling fails at build time
-        self.register_buffer("cos", torch.empty(0, head_dim // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(0, head_dim // 2), persistent=False)
+            raise ValueError(f"encoding.layout must be 'half' or 'interleaved', got {cfg.layout!r}")
+        self.head_dim, self.theta, self.interleaved = dims.head_dim, cfg.theta, cfg.layout == "interleaved"
+        scaling = asdict(cfg.scaling)
+        if scaling["type"] and not scaling["original_max_position_embeddings"]:
+            scaling["original_max_position_embeddings"] = dims.train_len
+        self.scaling = scaling if scaling["type"] else None
+        rope_inv_freq(dims.head_dim, cfg.theta, self.scaling)  # a bad theta, head size or scaling fails here
+        self.register_buffer("cos", torch.empty(0, dims.head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(0, dims.head_dim // 2), persistent=False)
+
+    @classmethod
+    def variant_label(cls, cfg: RopeConfig) -> str:
+        return scaling_label(asdict(cfg.scaling))
 
     def _tables(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
         # Grown on demand (doubling), shared by all layers; never stored in checkpoints.
@@ -170,11 +164,12 @@ class RoPE(PositionEncoding):
         if stale or self.cos.device != device:
             n = seq_len if dynamic else max(seq_len, 2 * self.cos.shape[0])
             inv_freq, attention_scale = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=n)
-            angles = torch.arange(n, device=device, dtype=torch.float32)[:, None] * inv_freq.to(device)[None, :]  # (n, hd/2)
+            positions = torch.arange(n, device=device, dtype=torch.float32)
+            angles = positions[:, None] * inv_freq.to(device)[None, :]  # (n, hd/2)
             self.cos, self.sin = angles.cos() * attention_scale, angles.sin() * attention_scale
         return self.cos[:seq_len], self.sin[:seq_len]
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self._tables(q.shape[-2], q.device)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return _rotate(q, cos, sin, self.interleaved), _rotate(k, cos, sin, self.interleaved)
+        return rotate_pairs(q, cos, sin, self.interleaved), rotate_pairs(k, cos, sin, self.interleaved)

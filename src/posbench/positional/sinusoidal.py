@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -30,11 +30,11 @@ class SinusoidalConfig:
 
 
 class Sinusoidal(PositionEncoding):
-    def __init__(self, cfg: SinusoidalConfig, d_model: int, n_heads: int, **_):
-        super().__init__(n_heads)
-        self.d_model = d_model
-        self.scale = math.sqrt(d_model) if cfg.scale_embeddings else 1.0
-        self.register_buffer("table", torch.empty(0, d_model), persistent=False)
+    def __init__(self, cfg: SinusoidalConfig, dims: Dimensions):
+        super().__init__(dims)
+        self.d_model = dims.d_model
+        self.scale = math.sqrt(dims.d_model) if cfg.scale_embeddings else 1.0
+        self.register_buffer("table", torch.empty(0, dims.d_model), persistent=False)
 
     def embed(self, x: Tensor) -> Tensor:
         seq_len = x.shape[1]

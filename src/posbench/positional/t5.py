@@ -13,10 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import PositionEncoding
+from .base import Dimensions, PositionEncoding
 
 
-def t5_bucket(relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False) -> Tensor:
+def t5_bucket(
+    relative_position: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False
+) -> Tensor:
     """Bucket ids (LongTensor, same shape) of ``relative_position = key_pos − query_pos``.
 
     The T5 reference ``_relative_position_bucket`` (mesh-tensorflow, Hugging Face T5).
@@ -54,13 +56,15 @@ class T5Config:
 
 
 class T5Bias(PositionEncoding):
-    def __init__(self, cfg: T5Config, n_heads: int, d_model: int, **_):
-        super().__init__(n_heads)
-        t5_bucket(torch.tensor(0), cfg.num_buckets, cfg.max_distance)  # reject impossible settings now
+    def __init__(self, cfg: T5Config, dims: Dimensions):
+        super().__init__(dims)
+        try:
+            t5_bucket(torch.tensor(0), cfg.num_buckets, cfg.max_distance)
+        except ValueError as e:
+            raise ValueError(f"encoding.num_buckets, encoding.max_distance: {e}") from None
         self.num_buckets, self.max_distance = cfg.num_buckets, cfg.max_distance
-        # A plain parameter, not nn.Embedding, so the model's std-0.02 init leaves it alone;
         # std d_model^-0.5 as in Hugging Face T5's _init_weights.
-        self.table = nn.Parameter(torch.randn(cfg.num_buckets, n_heads) * d_model**-0.5)  # (buckets, H)
+        self.table = nn.Parameter(torch.randn(cfg.num_buckets, dims.n_heads) * dims.d_model**-0.5)  # (buckets, H)
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         return self.table[t5_bucket(k_pos - q_pos, self.num_buckets, self.max_distance), head]

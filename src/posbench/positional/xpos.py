@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import PositionEncoding
-from .rope import _rotate, rope_angles
+from .base import Dimensions, PositionEncoding
+from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
 
 
 def xpos_zeta(head_dim: int) -> Tensor:
@@ -36,13 +36,12 @@ class XposConfig:
 
 
 class XPos(PositionEncoding):
-    def __init__(self, cfg: XposConfig, head_dim: int, n_heads: int, **_):
-        super().__init__(n_heads)
-        if head_dim % 2:
-            raise ValueError(f"rotary encodings need an even head dimension, got {head_dim}")
-        if cfg.scale_base <= 0:
-            raise ValueError(f"xpos.scale_base must be positive, got {cfg.scale_base}")
-        self.head_dim, self.theta, self.scale_base = head_dim, cfg.theta, cfg.scale_base
+    def __init__(self, cfg: XposConfig, dims: Dimensions):
+        super().__init__(dims)
+        rotary_inv_freq(dims.head_dim, cfg.theta)  # a bad theta or head size fails here
+        if not cfg.scale_base > 0:
+            raise ValueError(f"encoding.scale_base must be positive, got {cfg.scale_base}")
+        self.head_dim, self.theta, self.scale_base = dims.head_dim, cfg.theta, cfg.scale_base
         self._tables: dict[tuple, tuple[Tensor, ...]] = {}  # one length at a time, never in checkpoints
 
     def tables(self, seq_len: int, device: torch.device) -> tuple[Tensor, ...]:
@@ -50,7 +49,7 @@ class XPos(PositionEncoding):
         key = (seq_len, device)
         if key not in self._tables:
             pos = torch.arange(seq_len, device=device)
-            angles = rope_angles(pos, self.head_dim, self.theta)  # (T, hd/2)
+            angles = rotary_angles(pos, self.head_dim, self.theta)  # (T, hd/2)
             exponent = (pos - seq_len // 2).float()[:, None] / self.scale_base  # (T, 1), centred
             scale = xpos_zeta(self.head_dim).to(device) ** exponent  # (T, hd/2)
             cos, sin = angles.cos(), angles.sin()
@@ -60,4 +59,4 @@ class XPos(PositionEncoding):
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         # A rotation scaled by s is (x1·cos − x2·sin, x1·sin + x2·cos)·s, so the scale rides on cos and sin.
         q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in self.tables(q.shape[-2], q.device))
-        return _rotate(q, q_cos, q_sin, interleaved=False), _rotate(k, k_cos, k_sin, interleaved=False)
+        return rotate_pairs(q, q_cos, q_sin), rotate_pairs(k, k_cos, k_sin)
