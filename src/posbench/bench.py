@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from .config import TrainConfig, check_model
+from .config import TrainConfig, check_buildable
 from .errors import PosbenchError
 from .evaluate import score_nonoverlapping
 from .io import write_csv
@@ -82,7 +82,7 @@ def check_bench(cfg) -> None:
     resolve_device(cfg.device)
     for backend in cfg.backends:
         for name in cfg.encodings or ENCODINGS:
-            check_model(ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}), ENCODINGS[name][0](), cfg.train_len)
+            check_buildable(ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}), ENCODINGS[name][0](), cfg.train_len)
 
 
 def register_bench_config() -> None:

@@ -124,12 +124,13 @@ def check_lengths(key: str, values: list) -> None:
         raise PosbenchError(f"{key} must hold positive integers, got {values if key == 'eval_lens' else values[0]}")
 
 
-def check_model(model_cfg, encoding_cfg, train_len: int) -> None:
+def check_buildable(model_cfg, encoding_cfg, train_len: int) -> None:
     """Build the model (vocabulary of one word): its constructors own the rules of model and encoding."""
     try:
         LanguageModel(model_cfg, encoding_cfg, vocab_size=1, train_len=train_len)
     except (ValueError, TypeError) as e:
-        raise PosbenchError(f"encoding={encoding_cfg.name}: {e}" if "model." not in str(e) else str(e)) from None
+        message = str(e)  # a model rule names its key first; any other comes from the encoding
+        raise PosbenchError(message if message.startswith("model.") else f"encoding={encoding_cfg.name}: {message}") from None
 
 
 def check_runtime(cfg) -> None:
@@ -148,4 +149,4 @@ def check_config(cfg) -> None:
             raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
     check_eval(cfg.eval)
     check_runtime(cfg)
-    check_model(cfg.model, cfg.encoding, cfg.train_len)
+    check_buildable(cfg.model, cfg.encoding, cfg.train_len)
