@@ -139,6 +139,7 @@ def test_subsets_on_a_hand_made_stream():
     expected = ["repeat_far", "repeat_near", "repeat_far", "novel", "novel", "repeat_far", "novel"]
     assert got.tolist() == expected
     assert target_subsets(tokens, np.array([7]), np.array([1]), train_len=0).tolist() == ["repeat_far"]
+    assert target_subsets(tokens, np.array([8]), np.array([3]), train_len=5).tolist() == ["novel"]  # not in sight
 
 
 def test_previous_occurrence_matches_a_scan():
