@@ -4,7 +4,7 @@ Protocol (``context_usage``):
 
 * Contexts: ``contexts``, by default the powers of two from 16 to 16 x train_len, plus train_len.
   Contexts above half the stream are dropped with one warning, so that at least half of it can be targets.
-* Targets: positions t of the stream (token t is predicted) with t >= K, the largest context. These
+* Targets: stream positions t (the token at t is predicted from those before it) with t >= K, the largest context. These
   positions are cut into runs of ``block`` consecutive ones; the runs are taken in an order drawn with
   ``seed`` until ``targets`` positions are chosen. The same targets are scored at every context.
 * Windows: at context k, with m = max(1, k // 4), the sorted targets are grouped greedily: a window
@@ -17,8 +17,9 @@ Protocol (``context_usage``):
 * Subsets, fixed per target from the left context it sees at K with the default m: ``repeat_near`` (its
   word occurs in the last train_len tokens), ``repeat_far`` (it occurs in that context, but not in its last
   train_len tokens), ``novel`` (it does not occur); ``all`` holds every target.
-* Per context and subset: ``nll`` the mean over targets, ``nll_se`` its standard error
-  (sample standard deviation, ddof=1, over sqrt(targets)), ``ppl`` = exp(nll).
+* Per context and subset: ``targets`` the number scored, ``nll`` their mean, ``nll_se`` its standard error
+  (sample standard deviation, ddof=1, over sqrt(targets)), ``ppl`` = exp(nll). An ``unsupported`` context
+  has targets 0 and no nll; a subset without targets has no nll.
 """
 
 from __future__ import annotations
