@@ -1,0 +1,173 @@
+"""Long-range copy: is a random span predicted better when the same span occurred d tokens earlier?
+
+Protocol (``copy_probe``):
+
+* Sequences: a span A of ``span`` tokens drawn uniformly from the vocabulary, then d tokens of real text
+  (a window of the stream at a random offset), then A again. Its baseline is the same sequence with the
+  first A replaced by a different random span B. Both score the second A's tokens 2..span.
+* Distances: ``distances``, by default 0, 16, 64 and 1/2, 1, 2, 4, 8 and 16 x train_len. Distances longer
+  than the stream are dropped with one warning. A distance whose sequence (2 x span + d - 1 input positions)
+  the encoding cannot serve is ``unsupported``.
+* Randomness: ``trials`` pairs (A, B) are drawn once and shared by every distance; the filler offsets are
+  drawn per distance. Both come from NumPy generators keyed by (``COPY_STREAM``, seed[, d]), apart from
+  any generator seeded with a training seed alone, and untouched by the global torch or NumPy state.
+* Per distance: ``nll_copy`` and ``nll_baseline`` are mean NLLs over trials x (span - 1) tokens,
+  ``gain`` = nll_baseline - nll_copy (nats), ``accuracy`` and ``accuracy_baseline`` the top-1 accuracy
+  on the same tokens.
+
+Top-1 accuracy needs logits, which ``token_nll`` does not give: the probe takes ``logits_fn(idx, last)``,
+the logits (B, last, V) of the last ``last`` positions of ``idx`` (B, T), by default
+``model.head(model(idx)[:, -last:])``. Both NLL and accuracy come from these logits, in one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import device_of, within_data
+
+COLUMNS = [
+    "distance",
+    "trials",
+    "nll_copy",
+    "nll_baseline",
+    "gain",
+    "accuracy",
+    "accuracy_baseline",
+    "status",
+    "reason",
+]
+#: Keys the probe's generators apart from any seeded with a plain training seed.
+COPY_STREAM = 0xC0B1
+#: copy_reach: below this gain at d = 0 (nats), the model has not learned to copy.
+MIN_COPY_GAIN = 0.1
+
+LogitsFn = Callable[[Tensor, int], Tensor]
+
+
+@dataclass
+class CopyProbeConfig:
+    #: Tokens in the random span.
+    span: int = 32
+    #: Filler lengths d (``null``: 0, 16, 64 and 1/2, 1, 2, 4, 8, 16 x train_len).
+    distances: Optional[List[int]] = None
+    #: Sequences per distance (each with its baseline).
+    trials: int = 64
+    #: Seed of the spans and filler offsets (keyed apart from training seeds by ``COPY_STREAM``).
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.span < 2:
+            raise ValueError(f"probe.span={self.span} must be at least 2 (its tokens 2..span are scored)")
+        if self.trials < 1:
+            raise ValueError(f"probe.trials={self.trials} must be at least 1")
+        if self.distances is not None and (not self.distances or min(self.distances) < 0):
+            raise ValueError(f"probe.distances={list(self.distances)} must be non-negative integers")
+
+
+def default_distances(train_len: int) -> list[int]:
+    """0, 16, 64 and 1/2, 1, 2, 4, 8, 16 x train_len."""
+    return sorted({0, 16, 64, train_len // 2, *(train_len * f for f in (1, 2, 4, 8, 16))})
+
+
+def draw_spans(vocab_size: int, cfg: CopyProbeConfig) -> tuple[Tensor, Tensor]:
+    """The copied spans A and the baseline spans B, each (trials, span), drawn independently."""
+    rng = np.random.default_rng([COPY_STREAM, cfg.seed])
+    spans = rng.integers(0, vocab_size, (2, cfg.trials, cfg.span))
+    return torch.from_numpy(spans[0]), torch.from_numpy(spans[1])
+
+
+def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(copy, baseline) sequences (trials, 2 x span + distance): A or B, d tokens of ``tokens``, then A."""
+    copied, baseline = spans
+    rng = np.random.default_rng([COPY_STREAM, seed, distance])
+    offsets = rng.integers(0, len(tokens) - distance + 1, len(copied))
+    filler = torch.stack([tokens[o : o + distance] for o in offsets.tolist()]).to(copied)  # (trials, distance)
+    return torch.cat([copied, filler, copied], 1), torch.cat([baseline, filler, copied], 1)
+
+
+def default_logits_fn(model: nn.Module) -> LogitsFn:
+    """Logits of the last ``last`` positions, the LM head applied to those positions only."""
+    return lambda idx, last: model.head(model(idx)[:, -last:])
+
+
+@torch.no_grad()
+def score_copies(logits_fn: LogitsFn, sequences: Tensor, span: int, batch_tokens: int, device) -> tuple[Tensor, Tensor]:
+    """NLL and top-1 hit (both (N, span - 1), float64) of each sequence's last span - 1 tokens."""
+    last = span - 1
+    per_batch = max(1, batch_tokens // sequences.shape[1])
+    nll, hit = [], []
+    for batch in sequences.split(per_batch):
+        batch = batch.to(device)
+        logits = logits_fn(batch[:, :-1], last).float()  # (B, last, V)
+        targets = batch[:, -last:]
+        nll.append(F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets))
+        hit.append(logits.argmax(-1) == targets)
+    return torch.cat(nll).double().cpu(), torch.cat(hit).double().cpu()
+
+
+def summarize(nll: Tensor, hit: Tensor, trials: int) -> dict:
+    """One distance's scores from the per-token NLL and hits of its copies (the first ``trials``) and baselines."""
+    nll_copy, nll_baseline = nll[:trials].mean().item(), nll[trials:].mean().item()
+    return dict(
+        nll_copy=nll_copy,
+        nll_baseline=nll_baseline,
+        gain=nll_baseline - nll_copy,
+        accuracy=hit[:trials].mean().item(),
+        accuracy_baseline=hit[trials:].mean().item(),
+    )
+
+
+def copy_probe(
+    model: nn.Module,
+    tokens: Tensor,
+    vocab_size: int,
+    train_len: int,
+    cfg: CopyProbeConfig,
+    batch_tokens: int,
+    logits_fn: LogitsFn | None = None,
+) -> pd.DataFrame:
+    """The copy probe of ``model``, filler from ``tokens`` (1-D): one row per distance; see the module."""
+    model.eval()
+    logits_fn = logits_fn or default_logits_fn(model)
+    distances = within_data(cfg.distances or default_distances(train_len), len(tokens), "probe.distances")
+    spans = draw_spans(vocab_size, cfg)
+    rows = []
+    for distance in distances:
+        where = dict(distance=distance, trials=cfg.trials)
+        reason = model.encoding.unsupported_reason(2 * cfg.span + distance - 1)
+        if reason:
+            rows.append(dict(where, status="unsupported", reason=reason))
+            continue
+        sequences = torch.cat(copy_sequences(tokens, spans, distance, cfg.seed))  # copies, then baselines
+        nll, hit = score_copies(logits_fn, sequences, cfg.span, batch_tokens, device_of(model))
+        rows.append(dict(where, **summarize(nll, hit, cfg.trials), status="ok", reason=""))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@dataclass
+class CopyReach:
+    """How far the model copies: the largest distance, or ``None`` with status ``no_copying``."""
+
+    distance: Optional[int]
+    status: str
+
+
+def copy_reach(df: pd.DataFrame) -> CopyReach:
+    """The largest served distance whose gain is at least half the gain at d = 0.
+
+    Status ``no_copying`` (no distance) when the gain at d = 0 is under ``MIN_COPY_GAIN`` nats.
+    """
+    ok = df[df["status"] == "ok"].set_index("distance")["gain"]
+    if 0 not in ok.index:
+        raise ValueError("copy_reach needs a served row at distance 0 (probe.distances must include 0)")
+    if not ok[0] >= MIN_COPY_GAIN:  # NaN too
+        return CopyReach(None, "no_copying")
+    return CopyReach(int(ok.index[ok >= ok[0] / 2].max()), "ok")
