@@ -22,6 +22,7 @@ from posbench.io import lock_run_dir
 from posbench.model import LanguageModel
 from posbench.optim import lr_factor
 from posbench.reevaluate import evaluate_checkpoint, register
+from posbench.sweep import data_tag
 from posbench.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,8 +220,8 @@ def test_relaunched_sweep_skips_finished_jobs_in_stable_folders(mini_data, tmp_p
     first = launch("none")
     assert first.returncode == 0, first.stderr
     (run,) = [d for d in sweep.iterdir() if d.is_dir()]
-    # named by its overrides (sorted; data.path and other RESUME_IGNORED keys left out), not by its job number
-    assert run.name.startswith("encoding=none,eval.max_tokens=1024,") and "data.path" not in run.name
+    # named by its overrides (sorted; RESUME_IGNORED keys left out, data.path as a tag last), not by its job number
+    assert run.name.startswith("encoding=none,eval.max_tokens=1024,") and run.name.endswith(data_tag(str(mini_data)))
     written = (run / "results.csv").stat().st_mtime_ns
     second = launch("none,alibi")
     assert second.returncode == 0, second.stderr
