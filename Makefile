@@ -8,7 +8,7 @@ ENCODINGS ?= $(subst $(space),$(comma),$(sort $(basename $(notdir $(wildcard con
 DATA ?=
 SWEEP_DIR ?= outputs/quick
 
-.PHONY: help install quick test test-fast
+.PHONY: help install quick test test-fast lint format
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -27,3 +27,11 @@ test: ## the whole test suite, slow end-to-end tests included (what CI runs)
 
 test-fast: ## the fast tests only
 	$(PYTHON) -m pytest -q -m "not slow"
+
+lint: ## ruff: lint and format check (CI runs it before the tests)
+	$(PYTHON) -m ruff check src tests scripts
+	$(PYTHON) -m ruff format --check src tests scripts
+
+format: ## ruff: fix what it can and format
+	$(PYTHON) -m ruff check --fix src tests scripts
+	$(PYTHON) -m ruff format src tests scripts

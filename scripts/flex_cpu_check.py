@@ -36,14 +36,18 @@ def check(padded: bool, lengths: list[int]) -> None:
         q, k, v = (torch.randn(2, HEADS, seq_len, HEAD_DIM) for _ in range(3))
         pos = torch.arange(seq_len)
         bias = -SLOPES[:, None, None] * (pos[:, None] - pos[None, :])
-        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(pos[:, None] < pos[None, :], float("-inf")))
+        reference = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias.masked_fill(pos[:, None] < pos[None, :], float("-inf"))
+        )
         total = -(-seq_len // BLOCK) * BLOCK if padded else seq_len
         q, k, v = (F.pad(t, (0, 0, 0, total - seq_len)) for t in (q, k, v))
         start = time.perf_counter()
         block_mask = create_block_mask(causal, None, None, total, total, device="cpu")
         out = kernel(q, k, v, score_mod=alibi, block_mask=block_mask)[:, :, :seq_len]
         error = (out - reference).abs().max().item()
-        print(f"{'padded' if padded else 'as is':6} length {seq_len:5}: max |flex - sdpa| {error:.1e} ({time.perf_counter() - start:.1f} s)", flush=True)
+        seconds = time.perf_counter() - start
+        label = "padded" if padded else "as is"
+        print(f"{label:6} length {seq_len:5}: max |flex - sdpa| {error:.1e} ({seconds:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ t0 = time.perf_counter()
 with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
     step()
 seconds = time.perf_counter() - t0
-print(f"{encoding}/{backend}, attention dropout {model.attn_dropout}, {torch.get_num_threads()} threads: "
-      f"one step {seconds:.2f} s (profiled), {cfg.train_batch * cfg.train_len / seconds:,.0f} tok/s")  # fmt: skip
+print(
+    f"{encoding}/{backend}, attention dropout {model.attn_dropout}, {torch.get_num_threads()} threads: "
+    f"one step {seconds:.2f} s (profiled), {cfg.train_batch * cfg.train_len / seconds:,.0f} tok/s"
+)
 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 # Only the tied embedding/head and the loss have the vocabulary as a dimension.
@@ -44,7 +46,11 @@ head_ops = ("log_softmax", "nll_loss", "cross_entropy")
 head = sum(
     e.self_cpu_time_total
     for e in events
-    if any(cfg.vocab_size in shape for shape in e.input_shapes if isinstance(shape, list)) or any(op in e.key for op in head_ops)
+    if any(cfg.vocab_size in shape for shape in e.input_shapes if isinstance(shape, list))
+    or any(op in e.key for op in head_ops)
 )
 total = sum(e.self_cpu_time_total for e in events)
-print(f"embedding, LM head and loss (ops on the {cfg.vocab_size:,}-word vocabulary): {100 * head / total:.0f}% of operator self time")
+print(
+    f"embedding, LM head and loss (ops on the {cfg.vocab_size:,}-word vocabulary): "
+    f"{100 * head / total:.0f}% of operator self time"
+)

@@ -39,7 +39,9 @@ def compose_config():
 def _posbench(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300, **kwargs):
     command = [sys.executable, "-m", "posbench", *args]
     environ = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run(command, cwd=cwd or REPO, env=environ, capture_output=True, text=True, timeout=timeout, **kwargs)
+    return subprocess.run(
+        command, cwd=cwd or REPO, env=environ, capture_output=True, text=True, timeout=timeout, **kwargs
+    )
 
 
 @pytest.fixture

@@ -15,10 +15,20 @@ from posbench.model import ModelConfig
 def bench_config(*overrides):
     register_bench_config()
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name="bench"):
-        return compose("bench", overrides=[
-            "model=tiny", "vocab_size=64", "train_batch=2", "train_len=16", "train_steps=1", "warmup=1",
-            "eval_repeats=1", "xtransformers=false", *overrides,
-        ])  # fmt: skip
+        return compose(
+            "bench",
+            overrides=[
+                "model=tiny",
+                "vocab_size=64",
+                "train_batch=2",
+                "train_len=16",
+                "train_steps=1",
+                "warmup=1",
+                "eval_repeats=1",
+                "xtransformers=false",
+                *overrides,
+            ],
+        )
 
 
 def test_flops_per_token_of_the_paper_model():

@@ -10,7 +10,9 @@ from posbench.cli import main
 
 
 def posbench(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "posbench", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "posbench", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def test_help_lists_the_commands(capsys):
@@ -51,8 +53,14 @@ def test_bad_config_is_one_line_and_exit_2(override, message):
 @pytest.mark.slow
 def test_smoke_run_writes_every_requested_length(mini_data, tmp_path):
     run_dir = tmp_path / "run"
-    result = posbench("train", "encoding=learned", "experiment=smoke", f"data.path={mini_data}",
-                      "eval_lens=[16,32,64]", f"hydra.run.dir={run_dir}")  # fmt: skip
+    result = posbench(
+        "train",
+        "encoding=learned",
+        "experiment=smoke",
+        f"data.path={mini_data}",
+        "eval_lens=[16,32,64]",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr
     results = pd.read_csv(run_dir / "results.csv")
     assert sorted(results["eval_len"].unique()) == [16, 32, 64]
@@ -68,8 +76,15 @@ def test_smoke_run_writes_every_requested_length(mini_data, tmp_path):
 @pytest.mark.slow
 def test_sweep_then_report(mini_data, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = posbench("-m", "train", "encoding=alibi,rope", "experiment=smoke", "train.steps=2",
-                      f"data.path={mini_data}", f"hydra.sweep.dir={sweep_dir}")  # fmt: skip
+    result = posbench(
+        "-m",
+        "train",
+        "encoding=alibi,rope",
+        "experiment=smoke",
+        "train.steps=2",
+        f"data.path={mini_data}",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
     assert result.returncode == 0, result.stderr
     result = posbench("report", str(sweep_dir))
     assert result.returncode == 0, result.stderr

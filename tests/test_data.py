@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -141,18 +142,36 @@ def test_unknown_shipped_data_set_lists_the_shipped_ones():
 
 
 @pytest.mark.slow
-def test_a_non_editable_install_carries_the_shipped_slice(tmp_path, mini_data):
-    pytest.importorskip("setuptools", reason="pip builds posbench offline only with setuptools at hand")
+def test_a_non_editable_install_carries_the_slice_and_the_configs_and_runs(tmp_path, mini_data):
     source = tmp_path / "source"
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source)
-    pip = ["pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(tmp_path / "site"), str(source)]
+    site = tmp_path / "site"
+    pip = ["pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(source)]
     done = subprocess.run([sys.executable, "-m", *pip], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    installed = tmp_path / "site" / "posbench" / "datasets" / "wikitext-2-mini"
+    installed = site / "posbench" / "datasets" / "wikitext-2-mini"
     for file in mini_data.iterdir():
         assert (installed / file.name).read_bytes() == file.read_bytes()
+    assert (site / "posbench" / "conf" / "encoding" / "alibi.yaml").is_file()
+
+    run = [sys.executable, "-m", "posbench", "train", "experiment=smoke", "train.steps=2", "eval_lens=[32]"]
+    elsewhere = tmp_path / "elsewhere"  # not the repository: nothing but the installed package to read
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import posbench; print(posbench.__file__)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert where.stdout.strip().startswith(str(site))
+    done = subprocess.run(run, cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (results,) = elsewhere.rglob("results.csv")
+    assert (pd.read_csv(results)["status"] == "ok").all()
 
 
 @pytest.mark.parametrize(

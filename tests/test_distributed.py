@@ -141,7 +141,10 @@ def test_sweep_under_torchrun_is_refused_with_one_line(tmp_path, mini_data):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     done = subprocess.run(
         [*torchrun, "-m", "posbench", "-m", "train", *SMOKE, "seed=0,1", f"data.path={mini_data}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode != 0
     assert "posbench: error: torchrun runs one training job" in done.stderr

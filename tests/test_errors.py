@@ -56,16 +56,26 @@ def config_error(*overrides: str, multirun: bool = False) -> str:
 
 @pytest.mark.slow
 def test_cli_unknown_encoding_names_the_valid_choices():
-    assert_one_line(posbench("train", "encoding=alibii"), "encoding/alibii", "valid choices", "alibi", "rope", "sinusoidal")
+    assert_one_line(
+        posbench("train", "encoding=alibii"), "encoding/alibii", "valid choices", "alibi", "rope", "sinusoidal"
+    )
 
 
-@pytest.mark.parametrize("group, valid", [("encoding", "alibi"), ("model", "tiny"), ("data", "wikitext2"), ("experiment", "smoke")])
+@pytest.mark.parametrize(
+    "group, valid", [("encoding", "alibi"), ("model", "tiny"), ("data", "wikitext2"), ("experiment", "smoke")]
+)
 def test_unknown_group_choice_names_the_valid_choices(group, valid):
     message = config_error(f"{group}=nonesuch")
-    assert f"Could not find '{group}/nonesuch'" in message and f"valid choices in '{group}'" in message and valid in message
+    assert (
+        f"Could not find '{group}/nonesuch'" in message
+        and f"valid choices in '{group}'" in message
+        and valid in message
+    )
 
 
-@pytest.mark.parametrize("override, key", [("trian_len=5", "trian_len"), ("train.stpes=5", "stpes"), ("model.dmodel=64", "dmodel")])
+@pytest.mark.parametrize(
+    "override, key", [("trian_len=5", "trian_len"), ("train.stpes=5", "stpes"), ("model.dmodel=64", "dmodel")]
+)
 def test_misspelt_key(override, key):
     assert f"Key '{key}' not in" in config_error(override)
 
@@ -145,7 +155,9 @@ def test_cli_runtime_error_is_one_line_and_recorded_in_the_run_folder(tmp_path):
 
 @pytest.mark.slow
 def test_cli_debug_true_shows_the_traceback(tmp_path):
-    done = posbench("train", "experiment=smoke", f"data.path={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path}", "debug=true")
+    done = posbench(
+        "train", "experiment=smoke", f"data.path={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path}", "debug=true"
+    )
     assert done.returncode != 0
     assert "Traceback" in done.stderr and "PosbenchError" in done.stderr
 
@@ -168,7 +180,19 @@ def test_eval_length_beyond_learned_positions_is_a_marked_row_not_an_error(compo
 
 
 def finished_run(folder: Path, encoding: str) -> Path:
-    rows = [dict(encoding=encoding, train_len=32, eval_len=n, split="test", ppl=100.0 + n, status="ok", reason="", run_dir=str(folder)) for n in (32, 64)]
+    rows = [
+        dict(
+            encoding=encoding,
+            train_len=32,
+            eval_len=n,
+            split="test",
+            ppl=100.0 + n,
+            status="ok",
+            reason="",
+            run_dir=str(folder),
+        )
+        for n in (32, 64)
+    ]
     write_csv(pd.DataFrame(rows), folder / "results.csv")
     return folder
 
@@ -251,15 +275,24 @@ def test_an_unexpected_exception_is_one_line_and_recorded(tmp_path, capsys):
             raise ZeroDivisionError("float division by zero")
     assert exit_.value.code == 2
     line = capsys.readouterr().err.strip()
-    assert line == "posbench: error: ZeroDivisionError: float division by zero (unexpected; debug=true shows the traceback)"
+    assert (
+        line
+        == "posbench: error: ZeroDivisionError: float division by zero (unexpected; debug=true shows the traceback)"
+    )
     assert (tmp_path / ERROR_FILE).read_text().startswith("ZeroDivisionError: float division by zero")
 
 
 @pytest.mark.parametrize(
     "error, fragments",
     [
-        (OSError(errno.ENOSPC, "No space left on device", "/runs/a/last.pt"), ["/runs/a/last.pt", "free some disk space"]),
-        (PermissionError(errno.EACCES, "Permission denied", "/runs/a"), ["/runs/a: Permission denied", "hydra.run.dir"]),
+        (
+            OSError(errno.ENOSPC, "No space left on device", "/runs/a/last.pt"),
+            ["/runs/a/last.pt", "free some disk space"],
+        ),
+        (
+            PermissionError(errno.EACCES, "Permission denied", "/runs/a"),
+            ["/runs/a: Permission denied", "hydra.run.dir"],
+        ),
         (OSError(errno.EROFS, "Read-only file system", "/mnt/ro/x.csv"), ["/mnt/ro/x.csv", "read-only"]),
     ],
 )
@@ -301,12 +334,13 @@ def file_size_limit(limit: int):
 
 
 @pytest.mark.slow
-def test_cli_full_disk_while_saving_a_checkpoint_is_one_line_naming_it(
-    tmp_path, mini_data, posbench, assert_one_line
-):
+def test_cli_full_disk_while_saving_a_checkpoint_is_one_line_naming_it(tmp_path, mini_data, posbench, assert_one_line):
     run_dir = tmp_path / "run"
     done = posbench(
-        "train", "experiment=smoke", f"data.path={mini_data}", f"hydra.run.dir={run_dir}",
+        "train",
+        "experiment=smoke",
+        f"data.path={mini_data}",
+        f"hydra.run.dir={run_dir}",
         preexec_fn=file_size_limit(256 * 1024),  # the logs fit, a checkpoint does not
     )
     line = assert_one_line(done, str(run_dir))

@@ -51,7 +51,10 @@ def test_sliding_with_stride_eval_len_equals_nonoverlapping(model, tokens):
     # reference: the model on each consecutive chunk of 8 inputs, summed by hand
     n = len(tokens) - 1
     ends = [min(s + 8, n) for s in range(0, n, 8)]
-    expected = sum(model.token_nll(tokens[s:e][None], tokens[s + 1 : e + 1][None]).sum().item() for s, e in zip(range(0, n, 8), ends))
+    expected = sum(
+        model.token_nll(tokens[s:e][None], tokens[s + 1 : e + 1][None]).sum().item()
+        for s, e in zip(range(0, n, 8), ends)
+    )
     sliding = score_windows(model, tokens, eval_len=8, stride=8, batch_tokens=16, device="cpu")
     assert sliding.tokens == n
     assert sliding.nll * n == pytest.approx(expected, rel=1e-5)
@@ -144,8 +147,16 @@ def test_unigram_reference_by_hand():
 
 def test_merge_csv_replaces_rows_with_the_same_keys(tmp_path):
     path = tmp_path / "results.csv"
-    merge_csv(pd.DataFrame({"split": ["test", "test"], "variant": ["", ""], "eval_len": [8, 16], "ppl": [1.0, 2.0]}), path, ["split", "variant", "eval_len"])
-    merged = merge_csv(pd.DataFrame({"split": ["test", "test"], "variant": ["", "yarn×4"], "eval_len": [16, 16], "ppl": [3.0, 4.0]}), path, ["split", "variant", "eval_len"])
+    merge_csv(
+        pd.DataFrame({"split": ["test", "test"], "variant": ["", ""], "eval_len": [8, 16], "ppl": [1.0, 2.0]}),
+        path,
+        ["split", "variant", "eval_len"],
+    )
+    merged = merge_csv(
+        pd.DataFrame({"split": ["test", "test"], "variant": ["", "yarn×4"], "eval_len": [16, 16], "ppl": [3.0, 4.0]}),
+        path,
+        ["split", "variant", "eval_len"],
+    )
     on_disk = pd.read_csv(path)
     assert len(on_disk) == len(merged) == 3
     assert sorted(on_disk["ppl"]) == [1.0, 3.0, 4.0]

@@ -14,7 +14,17 @@ SMOKE = ["experiment=smoke", "device=cpu", "threads=1", "eval_lens=[32,64]"]
 
 
 def sweep(args: list[str], mini_data, sweep_dir) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "posbench", "-m", "train", *SMOKE, f"data.path={mini_data}", f"hydra.sweep.dir={sweep_dir}", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "posbench",
+        "-m",
+        "train",
+        *SMOKE,
+        f"data.path={mini_data}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(command, cwd=sweep_dir.parent, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -29,7 +39,9 @@ def test_submitit_local_pickles_the_job_and_runs_it_in_another_process(tmp_path,
 
     files = [p.name for p in (sweep_dir / ".submitit").rglob("*") if p.is_file()]
     assert len([name for name in files if name.endswith("_submitted.pkl")]) == 1, files  # the job went through pickle
-    assert len([name for name in files if name.endswith("_result.pkl")]) == 1, files  # and came back from the worker process
+    assert len([name for name in files if name.endswith("_result.pkl")]) == 1, (
+        files
+    )  # and came back from the worker process
     (results_path,) = sweep_dir.rglob("results.csv")
     results = pd.read_csv(results_path)
     assert list(results["eval_len"]) == [32, 64, 32, 64] and (results["status"] == "ok").all()

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from posbench.model import LanguageModel, ModelConfig
-from posbench.positional import ENCODINGS, PositionEncoding
+from posbench.positional import ENCODINGS, Dimensions, PositionEncoding
 from posbench.probes.copy import (
     COLUMNS,
     CopyProbeConfig,
@@ -31,7 +31,7 @@ class Copier(nn.Module):
         super().__init__()
         self.vocab = vocab
         self.anchor = nn.Parameter(torch.zeros(()), requires_grad=False)  # gives the probe a device
-        self.encoding = PositionEncoding(n_heads=1)
+        self.encoding = PositionEncoding(Dimensions(n_heads=1, head_dim=1, d_model=1, train_len=1))
 
     def logits(self, idx, last):
         T = idx.shape[1]

@@ -60,7 +60,7 @@ def test_rows_merge_into_the_run_and_sliding_at_eval_len_matches(run, evaluate):
     )
     assert set(results["tokens"]) == {599}
     positions = pd.read_csv(run / "per_position.csv", keep_default_na=False)
-    for (mode, variant, eval_len), group in positions.groupby(["eval_mode", "variant", "eval_len"]):
+    for _, group in positions.groupby(["eval_mode", "variant", "eval_len"]):
         assert group["count"].sum() == 599
 
 

@@ -35,9 +35,20 @@ from .runtime import autocast, resolve_device
 log = logging.getLogger(__name__)
 
 COLUMNS = [
-    "encoding", "backend", "phase", "seq_len", "batch", "tokens_per_s", "vs_eager", "gflop_per_token",
-    "gflop_per_s", "peak_fraction", "peak_mem_mb", "status", "reason",
-]  # fmt: skip
+    "encoding",
+    "backend",
+    "phase",
+    "seq_len",
+    "batch",
+    "tokens_per_s",
+    "vs_eager",
+    "gflop_per_token",
+    "gflop_per_s",
+    "peak_fraction",
+    "peak_mem_mb",
+    "status",
+    "reason",
+]
 
 
 @dataclass
@@ -82,7 +93,11 @@ def check_bench(cfg) -> None:
     resolve_device(cfg.device)
     for backend in cfg.backends:
         for name in cfg.encodings or ENCODINGS:
-            check_buildable(ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}), ENCODINGS[name][0](), cfg.train_len)
+            check_buildable(
+                ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}),
+                ENCODINGS[name][0](),
+                cfg.train_len,
+            )
 
 
 def register_bench_config() -> None:
@@ -155,7 +170,9 @@ def flops_per_token(m: ModelConfig, vocab_size: int, seq_len: int, training: boo
 
 def train_step_fn(model, loss_fn, cfg: BenchConfig, device: torch.device):
     gen = torch.Generator().manual_seed(cfg.seed)
-    x, y = (torch.randint(0, cfg.vocab_size, (cfg.train_batch, cfg.train_len), generator=gen).to(device) for _ in range(2))
+    x, y = (
+        torch.randint(0, cfg.vocab_size, (cfg.train_batch, cfg.train_len), generator=gen).to(device) for _ in range(2)
+    )
     optimizer = make_optimizer(model, TrainConfig())  # what `posbench train` steps with
     model.train()
 
@@ -177,15 +194,26 @@ def xtransformers_model(cfg: BenchConfig, encoding: str):
     except ImportError:
         return None
     m = cfg.model
-    positions = {"rope": dict(rotary_pos_emb=True), "alibi": dict(alibi_pos_bias=True, alibi_num_heads=m.n_heads)}[encoding]
+    positions = {"rope": dict(rotary_pos_emb=True), "alibi": dict(alibi_pos_bias=True, alibi_num_heads=m.n_heads)}[
+        encoding
+    ]
     return TransformerWrapper(
-        num_tokens=cfg.vocab_size, max_seq_len=cfg.train_len, emb_dropout=m.dropout, tie_embedding=m.tie_weights,
+        num_tokens=cfg.vocab_size,
+        max_seq_len=cfg.train_len,
+        emb_dropout=m.dropout,
+        tie_embedding=m.tie_weights,
         use_abs_pos_emb=False,
         attn_layers=Decoder(
-            dim=m.d_model, depth=m.n_layers, heads=m.n_heads, ff_mult=m.d_ff / m.d_model, attn_flash=True,
-            attn_dropout=m.dropout if m.attn_dropout is None else m.attn_dropout, ff_dropout=m.dropout, **positions,
+            dim=m.d_model,
+            depth=m.n_layers,
+            heads=m.n_heads,
+            ff_mult=m.d_ff / m.d_model,
+            attn_flash=True,
+            attn_dropout=m.dropout if m.attn_dropout is None else m.attn_dropout,
+            ff_dropout=m.dropout,
+            **positions,
         ),
-    )  # fmt: skip
+    )
 
 
 def bench(cfg, run_dir) -> pd.DataFrame:
@@ -195,7 +223,13 @@ def bench(cfg, run_dir) -> pd.DataFrame:
     device = resolve_device(cfg.device)
     encodings = list(cfg.encodings or ENCODINGS)
     peak = matmul_peak_flops(device)
-    log.info("device %s, torch %s, %d threads, fp32 matmul peak %.1f GFLOP/s", device, torch.__version__, torch.get_num_threads(), peak / 1e9)
+    log.info(
+        "device %s, torch %s, %d threads, fp32 matmul peak %.1f GFLOP/s",
+        device,
+        torch.__version__,
+        torch.get_num_threads(),
+        peak / 1e9,
+    )
     rows = []
     for name in encodings:
         for backend in cfg.backends:
@@ -203,7 +237,11 @@ def bench(cfg, run_dir) -> pd.DataFrame:
             torch.manual_seed(cfg.seed)
             model = LanguageModel(model_cfg, ENCODINGS[name][0](), cfg.vocab_size, cfg.train_len).to(device)
             if cfg.train_steps:
-                rows.append(time_training(model, lambda x, y, m=model: m.token_nll(x, y).mean(), cfg, device, name, backend, peak))
+                rows.append(
+                    time_training(
+                        model, lambda x, y, m=model: m.token_nll(x, y).mean(), cfg, device, name, backend, peak
+                    )
+                )
             rows += time_evaluation(model, cfg, device, name, backend, peak)
             del model
         if cfg.xtransformers and cfg.train_steps and name in ("rope", "alibi"):
@@ -230,9 +268,15 @@ def time_training(model, loss_fn, cfg: BenchConfig, device, name: str, backend: 
     tok_s = cfg.train_batch * cfg.train_len / seconds
     log.info("train %s/%s: %.0f tok/s (%.0f%% of peak)", name, backend, tok_s, 100 * tok_s * flops / peak)
     return dict(
-        row, tokens_per_s=tok_s, gflop_per_token=flops / 1e9, gflop_per_s=tok_s * flops / 1e9,
-        peak_fraction=tok_s * flops / peak, peak_mem_mb=mem.extra_mb, status="ok", reason="",
-    )  # fmt: skip
+        row,
+        tokens_per_s=tok_s,
+        gflop_per_token=flops / 1e9,
+        gflop_per_s=tok_s * flops / 1e9,
+        peak_fraction=tok_s * flops / peak,
+        peak_mem_mb=mem.extra_mb,
+        status="ok",
+        reason="",
+    )
 
 
 def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> list[dict]:
@@ -249,14 +293,24 @@ def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, b
         flops = flops_per_token(cfg.model, cfg.vocab_size, length, training=False)
         with PeakRSS() as mem:
             seconds = median_seconds(
-                lambda: synced(lambda: score_nonoverlapping(model, tokens, length, length, device), device), cfg.eval_repeats, cfg.warmup
+                lambda t=tokens, n=length: synced(lambda: score_nonoverlapping(model, t, n, n, device), device),
+                cfg.eval_repeats,
+                cfg.warmup,
             )
         tok_s = length / seconds
         log.info("eval %s/%s at %d: %.0f tok/s, +%.0f MB", name, backend, length, tok_s, mem.extra_mb)
-        rows.append(dict(
-            row, tokens_per_s=tok_s, gflop_per_token=flops / 1e9, gflop_per_s=tok_s * flops / 1e9,
-            peak_fraction=tok_s * flops / peak, peak_mem_mb=mem.extra_mb, status="ok", reason="",
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                row,
+                tokens_per_s=tok_s,
+                gflop_per_token=flops / 1e9,
+                gflop_per_s=tok_s * flops / 1e9,
+                peak_fraction=tok_s * flops / peak,
+                peak_mem_mb=mem.extra_mb,
+                status="ok",
+                reason="",
+            )
+        )
     return rows
 
 
@@ -270,12 +324,16 @@ def add_ratios(table: pd.DataFrame) -> pd.DataFrame:
 
 def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
     m = cfg.model
-    measured = [f"{cfg.train_steps} training steps (batch {cfg.train_batch} × {cfg.train_len})"] if cfg.train_steps else []
+    measured = (
+        [f"{cfg.train_steps} training steps (batch {cfg.train_batch} × {cfg.train_len})"] if cfg.train_steps else []
+    )
     measured += [f"{cfg.eval_repeats} evaluations (batch 1)"] if cfg.eval_lens else []
     head = (
-        f"Model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, FFN {m.d_ff}, vocabulary {cfg.vocab_size:,}; "
-        f"device {device}, torch {torch.__version__}, {torch.get_num_threads()} threads; measured fp32 matmul peak "
-        f"{peak / 1e9:.1f} GFLOP/s. Medians of {' and '.join(measured) or 'nothing'}, each after {cfg.warmup} warm-up run(s).\n"
+        f"Model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, FFN {m.d_ff}, "
+        f"vocabulary {cfg.vocab_size:,}; device {device}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; "
+        f"measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s. Medians of {' and '.join(measured) or 'nothing'}, "
+        f"each after {cfg.warmup} warm-up run(s).\n"
     )
     fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
     train_rows = [

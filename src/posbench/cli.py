@@ -7,8 +7,6 @@ and ``python -m posbench train -m encoding=alibi,rope`` both sweep.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import logging
 import os
 import shutil
@@ -36,7 +34,20 @@ commands:
 Run `python -m posbench COMMAND --help` for a command's options.
 """
 
-HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "-p", "--package", "--shell-completion", "-sc"}
+HYDRA_INFO_FLAGS = {
+    "-h",
+    "--help",
+    "--hydra-help",
+    "--info",
+    "-i",
+    "--cfg",
+    "-c",
+    "--resolve",
+    "-p",
+    "--package",
+    "--shell-completion",
+    "-sc",
+}
 
 
 def condense_hydra_error(e: Exception) -> str:
@@ -148,7 +159,9 @@ def cmd_eval(args: list[str]) -> int:
 def cmd_report(args: list[str]) -> int:
     from .report import report
 
-    parser = argparse.ArgumentParser(prog="python -m posbench report", description="Tables and figures from a folder of runs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m posbench report", description="Tables and figures from a folder of runs."
+    )
     parser.add_argument("dir", help="a run or multirun folder, searched recursively for results.csv")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     ns = parser.parse_args(args)
@@ -166,7 +179,12 @@ def cmd_bench(args: list[str]) -> int:
     return run_hydra("bench", bench, args, check=check_bench)
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": cmd_train, "eval": cmd_eval, "report": cmd_report, "bench": cmd_bench}
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": cmd_train,
+    "eval": cmd_eval,
+    "report": cmd_report,
+    "bench": cmd_bench,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

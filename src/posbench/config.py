@@ -20,7 +20,7 @@ from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
 from .runtime import check_threads, resolve_device
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
 
 @dataclass
@@ -111,7 +111,9 @@ def check_eval(e) -> None:
     if e.per_position_exact < 0 or e.per_position_bucket < 1:
         raise PosbenchError("eval.per_position_exact must be >= 0 and eval.per_position_bucket >= 1")
     if e.batch_tokens < 1 or (e.max_tokens is not None and e.max_tokens < 2):
-        raise PosbenchError(f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}")
+        raise PosbenchError(
+            f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}"
+        )
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
         raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
@@ -130,7 +132,9 @@ def check_buildable(model_cfg, encoding_cfg, train_len: int) -> None:
         LanguageModel(model_cfg, encoding_cfg, vocab_size=1, train_len=train_len)
     except (ValueError, TypeError) as e:
         message = str(e)  # a model rule names its key first; any other comes from the encoding
-        raise PosbenchError(message if message.startswith("model.") else f"encoding={encoding_cfg.name}: {message}") from None
+        raise PosbenchError(
+            message if message.startswith("model.") else f"encoding={encoding_cfg.name}: {message}"
+        ) from None
 
 
 def check_runtime(cfg) -> None:

@@ -118,7 +118,9 @@ def training_loss(model: nn.Module, world: World, device: torch.device) -> nn.Mo
         return loss
     # Buffers are caches computed from the config (e.g. bias tables), not state to keep in step;
     # rank 0 may grow its own while it validates.
-    return DistributedDataParallel(loss, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    return DistributedDataParallel(
+        loss, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+    )
 
 
 def hydra_run_args(config_name: str, args: list[str]) -> list[str]:

@@ -33,15 +33,41 @@ from .runtime import autocast
 log = logging.getLogger(__name__)
 
 RESULT_COLUMNS = [
-    "encoding", "variant", "train_len", "eval_len", "split", "eval_mode", "stride", "tokens", "nll", "ppl",
-    "ppl_beyond", "unigram_ppl", "status", "reason", "seed", "params", "encoding_params", "run_dir",
-]  # fmt: skip
+    "encoding",
+    "variant",
+    "train_len",
+    "eval_len",
+    "split",
+    "eval_mode",
+    "stride",
+    "tokens",
+    "nll",
+    "ppl",
+    "ppl_beyond",
+    "unigram_ppl",
+    "status",
+    "reason",
+    "seed",
+    "params",
+    "encoding_params",
+    "run_dir",
+]
 #: A row of results.csv is identified, within its run, by these columns.
 RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant"]
 PER_POSITION = "per_position.csv"
 PER_POSITION_COLUMNS = [
-    "encoding", "variant", "train_len", "seed", "split", "eval_mode", "stride", "eval_len", "position", "nll", "count",
-]  # fmt: skip
+    "encoding",
+    "variant",
+    "train_len",
+    "seed",
+    "split",
+    "eval_mode",
+    "stride",
+    "eval_len",
+    "position",
+    "nll",
+    "count",
+]
 
 
 @dataclass
@@ -176,10 +202,15 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
     """
     e = cfg.eval
     base = dict(
-        encoding=cfg.encoding.name, variant=variant_of(cfg.encoding), train_len=cfg.train_len, eval_mode=e.mode,
-        seed=cfg.seed, params=model.num_params(), encoding_params=sum(p.numel() for p in model.encoding.parameters()),
+        encoding=cfg.encoding.name,
+        variant=variant_of(cfg.encoding),
+        train_len=cfg.train_len,
+        eval_mode=e.mode,
+        seed=cfg.seed,
+        params=model.num_params(),
+        encoding_params=sum(p.numel() for p in model.encoding.parameters()),
         run_dir=str(run_dir),
-    )  # fmt: skip
+    )
     rows, positions = [], []
     for split in e.splits:
         tokens = corpus.splits[split][: e.max_tokens]
@@ -195,8 +226,19 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
             t0 = time.perf_counter()
             score = score_windows(model, tokens, eval_len, stride, e.batch_tokens, device)
             beyond = score.ppl_from(cfg.train_len) if eval_len > cfg.train_len else None
-            log.info("%s eval_len=%d stride=%d ppl=%.2f (%.1fs)", split, eval_len, stride, score.ppl, time.perf_counter() - t0)
-            rows.append(dict(where, tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason=""))
+            log.info(
+                "%s eval_len=%d stride=%d ppl=%.2f (%.1fs)",
+                split,
+                eval_len,
+                stride,
+                score.ppl,
+                time.perf_counter() - t0,
+            )
+            rows.append(
+                dict(
+                    where, tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason=""
+                )
+            )
             positions.append(per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where))
     if positions:
         per_position = pd.concat(positions, ignore_index=True)[PER_POSITION_COLUMNS]

@@ -53,7 +53,9 @@ class TensorBoardLogger(Logger):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise PosbenchError("logger=tensorboard needs the tensorboard package: pip install 'posbench[tensorboard]'") from None
+            raise PosbenchError(
+                "logger=tensorboard needs the tensorboard package: pip install 'posbench[tensorboard]'"
+            ) from None
         self.writer = SummaryWriter(log_dir=str(run_dir))
 
     def log_step(self, row: dict) -> None:

@@ -84,7 +84,9 @@ def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictC
         cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
         cfg.encoding = OmegaConf.merge(OmegaConf.structured(ENCODINGS[name][0]), saved.encoding)
     except Exception as e:  # a checkpoint from an incompatible version of posbench
-        raise PosbenchError(f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}") from None
+        raise PosbenchError(
+            f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}"
+        ) from None
     for key in keys:
         head = key.split(".")[0]
         if head in OWN_KEYS:

@@ -5,7 +5,7 @@ from posbench.positional import alibi_bias, alibi_slopes, build_encoding
 
 
 def test_slopes_power_of_two_heads():
-    expected = torch.tensor([1 / 2 ** k for k in range(1, 9)])  # paper: 1/2, 1/4, ..., 1/256
+    expected = torch.tensor([1 / 2**k for k in range(1, 9)])  # paper: 1/2, 1/4, ..., 1/256
     torch.testing.assert_close(alibi_slopes(8), expected)
 
 

@@ -90,7 +90,9 @@ def test_c_and_threshold_enter_as_magnitudes():
     torch.testing.assert_close(encoding.bias(pos, pos), before)
 
 
-@pytest.mark.parametrize("options", [{"mlp_width": 0}, {"init_c": 0.0}, {"init_threshold": 0.0}, {"init_threshold": -1.0}])
+@pytest.mark.parametrize(
+    "options", [{"mlp_width": 0}, {"init_c": 0.0}, {"init_threshold": 0.0}, {"init_threshold": -1.0}]
+)
 def test_impossible_settings_raise(options):
     with pytest.raises(ValueError):
         make(**options)

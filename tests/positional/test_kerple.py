@@ -9,7 +9,9 @@ T = 9
 
 
 def make(name: str, n_heads: int = 2):
-    return build_encoding(OmegaConf.create({"name": name}), n_heads=n_heads, head_dim=8, d_model=8 * n_heads, train_len=16)
+    return build_encoding(
+        OmegaConf.create({"name": name}), n_heads=n_heads, head_dim=8, d_model=8 * n_heads, train_len=16
+    )
 
 
 def dense(encoding):
@@ -24,7 +26,9 @@ def set_params(encoding, **values):
 
 
 def expected_log(r1, r2):
-    return torch.tensor([[[-r1[h] * math.log(1 + r2[h] * abs(i - j)) for j in range(T)] for i in range(T)] for h in range(len(r1))])
+    return torch.tensor(
+        [[[-r1[h] * math.log(1 + r2[h] * abs(i - j)) for j in range(T)] for i in range(T)] for h in range(len(r1))]
+    )
 
 
 def expected_power(a, p):

@@ -35,7 +35,9 @@ def test_half_and_interleaved_differ_by_a_fixed_permutation():
     x = torch.randn(4, 12, d)
     pos = torch.arange(12)
     perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])  # interleaved pair k -> (k, k + d/2)
-    torch.testing.assert_close(apply_rope(x[..., perm], pos, interleaved=False), apply_rope(x, pos, interleaved=True)[..., perm])
+    torch.testing.assert_close(
+        apply_rope(x[..., perm], pos, interleaved=False), apply_rope(x, pos, interleaved=True)[..., perm]
+    )
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -61,7 +63,9 @@ def test_dot_product_depends_only_on_offset(interleaved):
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_module_matches_function_and_grows(layout):
-    encoding = build_encoding(OmegaConf.create({"name": "rope", "layout": layout}), n_heads=2, head_dim=8, d_model=16, train_len=8)
+    encoding = build_encoding(
+        OmegaConf.create({"name": "rope", "layout": layout}), n_heads=2, head_dim=8, d_model=16, train_len=8
+    )
     for length in (8, 40):  # the cached tables grow past the training length
         q, k = torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
         rq, rk = encoding.rotate(q, k)

@@ -10,11 +10,11 @@ from posbench.positional import apply_rope, build_encoding, rope_inv_freq
 from posbench.positional.rope import scaling_label
 
 D, THETA = 16, 10000.0
-I = torch.arange(0, D, 2, dtype=torch.float64)  # 2i
+TWO_I = torch.arange(0, D, 2, dtype=torch.float64)  # 2i
 
 
 def plain(theta: float = THETA) -> torch.Tensor:
-    return (theta ** (-I / D)).float()
+    return (theta ** (-TWO_I / D)).float()
 
 
 def test_no_scaling_is_plain_rope():
@@ -69,7 +69,9 @@ def test_yarn_options():
     assert (wide > plain() / 16).all() and wide[0].item() == 1.0
 
 
-@pytest.mark.parametrize("bad", [{"type": "nope", "factor": 2.0}, {"type": "linear", "factor": 0.5}, {"type": "yarn", "factor": 2.0}])
+@pytest.mark.parametrize(
+    "bad", [{"type": "nope", "factor": 2.0}, {"type": "linear", "factor": 0.5}, {"type": "yarn", "factor": 2.0}]
+)
 def test_bad_scaling_is_rejected(bad):
     with pytest.raises(ValueError):
         rope_inv_freq(D, THETA, bad)
@@ -96,7 +98,9 @@ def test_yarn_attention_factor_scales_logits_by_its_square():
     pq, pk = plain_enc.rotate(q, k)
     # position 0 is not rotated, so only the scale differs there
     mscale = 0.1 * math.log(16) + 1
-    torch.testing.assert_close((sq[..., 0, :] * sk[..., 0, :]).sum(-1), mscale**2 * (pq[..., 0, :] * pk[..., 0, :]).sum(-1))
+    torch.testing.assert_close(
+        (sq[..., 0, :] * sk[..., 0, :]).sum(-1), mscale**2 * (pq[..., 0, :] * pk[..., 0, :]).sum(-1)
+    )
 
 
 def test_original_length_defaults_to_training_length():

@@ -8,11 +8,13 @@ from posbench.positional import build_encoding, sinusoidal_table
 
 def test_values_at_hand_computed_positions():
     table = sinusoidal_table(3, 4)
-    expected = torch.tensor([
-        [0.0, 1.0, 0.0, 1.0],
-        [math.sin(1), math.cos(1), math.sin(1 / 100), math.cos(1 / 100)],  # 10000^(2/4) = 100
-        [math.sin(2), math.cos(2), math.sin(2 / 100), math.cos(2 / 100)],
-    ])  # fmt: skip
+    expected = torch.tensor(
+        [
+            [0.0, 1.0, 0.0, 1.0],
+            [math.sin(1), math.cos(1), math.sin(1 / 100), math.cos(1 / 100)],  # 10000^(2/4) = 100
+            [math.sin(2), math.cos(2), math.sin(2 / 100), math.cos(2 / 100)],
+        ]
+    )
     torch.testing.assert_close(table, expected)
 
 

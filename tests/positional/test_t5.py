@@ -53,7 +53,9 @@ def test_hand_worked_bidirectional():
 
 
 def make(n_heads=3, **options):
-    return build_encoding(OmegaConf.create({"name": "t5", **options}), n_heads=n_heads, head_dim=8, d_model=24, train_len=16)
+    return build_encoding(
+        OmegaConf.create({"name": "t5", **options}), n_heads=n_heads, head_dim=8, d_model=24, train_len=16
+    )
 
 
 def test_bias_reads_table_at_bucket_and_head():

@@ -13,7 +13,9 @@ def make(head_dim=8, **options):
     return build_encoding(cfg, n_heads=1, head_dim=head_dim, d_model=head_dim, train_len=16)
 
 
-def reference_logit(q: torch.Tensor, k: torch.Tensor, n: int, m: int, scale_base: float, theta: float = 10000.0) -> float:
+def reference_logit(
+    q: torch.Tensor, k: torch.Tensor, n: int, m: int, scale_base: float, theta: float = 10000.0
+) -> float:
     """xPos q_n·k_m with pair i = (x[i], x[i + d/2]) as a complex number, in float64:
     Σ_i ζ_i^((n−m)/B) Re(z_q,i · conj(z_k,i) · e^{i(n−m)θ_i}), θ_i = theta^(−2i/d)."""
     d = q.shape[-1]
@@ -37,7 +39,9 @@ def test_logits_match_reference():
     q, k = torch.randn(1, 1, T, d, dtype=torch.float64), torch.randn(1, 1, T, d, dtype=torch.float64)
     qr, kr = make(head_dim=d, scale_base=B).rotate(q, k)
     logits = (qr @ kr.transpose(-2, -1))[0, 0]
-    expected = torch.tensor([[reference_logit(q[0, 0, n], k[0, 0, m], n, m, B) for m in range(T)] for n in range(T)], dtype=torch.float64)
+    expected = torch.tensor(
+        [[reference_logit(q[0, 0, n], k[0, 0, m], n, m, B) for m in range(T)] for n in range(T)], dtype=torch.float64
+    )
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
 
 
