@@ -358,3 +358,19 @@ def test_a_split_shorter_than_the_window_is_too_short_not_ok(compose_config, tmp
     assert rows.loc[32, "status"] == "ok"  # 40 words and an <eos>: 40 targets, one window of 32
     assert rows.loc[64, "status"] == "too_short" and pd.isna(rows.loc[64, "ppl"])
     assert rows.loc[64, "reason"] == "the test split has 40 targets (eval.max_tokens=4096), fewer than one window of 64"
+
+
+@pytest.mark.slow
+def test_cli_eval_on_a_malformed_results_csv_is_one_line_and_merges_nothing(
+    tmp_path, mini_data, posbench, assert_one_line
+):
+    run_dir = tmp_path / "run"
+    train = ["train", "experiment=smoke", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.run.dir={run_dir}"]
+    assert posbench(*train).returncode == 0
+    (run_dir / "results.csv").write_text('encoding,eval_len\nalibi,"32\nbroken,row,with,too,many,fields\n')
+    per_position = (run_dir / "per_position.csv").read_bytes()
+
+    done = posbench("eval", f"checkpoint={run_dir}", "eval_lens=[64]", f"data.path={mini_data}")
+
+    assert_one_line(done, str(run_dir / "results.csv"), "move it aside")
+    assert (run_dir / "per_position.csv").read_bytes() == per_position  # nothing merged before the failure

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .config import eval_lens_of
 from .data import UNK, Corpus
+from .errors import PosbenchError
 from .io import write_csv
 from .model import LanguageModel
 from .positional import ENCODINGS, encoding_config
@@ -54,7 +55,9 @@ RESULT_COLUMNS = [
 ]
 #: A row of results.csv is identified, within its run, by these columns.
 RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant"]
+RESULTS = "results.csv"
 PER_POSITION = "per_position.csv"
+PER_POSITION_KEYS = [*RESULT_KEYS, "position"]
 PER_POSITION_COLUMNS = [
     "encoding",
     "variant",
@@ -161,10 +164,32 @@ def per_position_rows(score: Score, exact: int, bucket: int) -> pd.DataFrame:
     return df.assign(nll=df["nll_sum"] / df["count"])[["position", "nll", "count"]]
 
 
+def read_mergeable(path: Path, keys: list[str]) -> pd.DataFrame | None:
+    """The rows of ``path`` that a merge keeps (None: no file); a file that cannot be merged is one line."""
+    if not path.is_file():
+        return None
+    try:
+        old = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    else:
+        missing = [k for k in keys if k not in old.columns]
+        if not missing:
+            return old
+        reason = f"no {', '.join(missing)} column"
+    raise PosbenchError(f"{path} is not a results file posbench can add rows to ({reason}); move it aside, run again")
+
+
+def check_mergeable(run_dir: Path) -> None:
+    """Before anything is measured: the run folder's result files take new rows (nothing is half-merged later)."""
+    read_mergeable(Path(run_dir) / RESULTS, RESULT_KEYS)
+    read_mergeable(Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
+
+
 def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
     """Write ``new`` to ``path`` atomically, keeping the file's rows whose ``keys`` ``new`` does not have."""
-    if path.is_file():
-        old = pd.read_csv(path)
+    old = read_mergeable(path, keys)
+    if old is not None:
 
         def key(df: pd.DataFrame) -> pd.Series:
             return df.reindex(columns=keys).astype("string").fillna("").agg("|".join, axis=1)
@@ -242,5 +267,5 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
             positions.append(per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where))
     if positions:
         per_position = pd.concat(positions, ignore_index=True)[PER_POSITION_COLUMNS]
-        merge_csv(per_position, Path(run_dir) / PER_POSITION, [*RESULT_KEYS, "position"])
+        merge_csv(per_position, Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

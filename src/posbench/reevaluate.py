@@ -22,7 +22,7 @@ from .checkpoint import CHECKPOINT, check_vocab, load_checkpoint
 from .config import Config, EvalConfig, check_config, check_eval
 from .data import DataConfig, load_corpus
 from .errors import PosbenchError
-from .evaluate import RESULT_KEYS, evaluate_lengths, merge_csv
+from .evaluate import RESULT_KEYS, check_mergeable, evaluate_lengths, merge_csv
 from .io import lock_run_dir
 from .model import LanguageModel
 from .positional import ENCODINGS, variant_namespaces
@@ -115,6 +115,7 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
         raise PosbenchError(f"the checkpoint's weights do not fit its config: {str(e).splitlines()[0]}") from None
     out_dir = Path(out_dir)
     with lock_run_dir(out_dir):
+        check_mergeable(out_dir)
         results = evaluate_lengths(model, corpus, cfg, device, out_dir)
         merge_csv(results, out_dir / "results.csv", RESULT_KEYS)
     log.info("%d rows written to %s", len(results), out_dir / "results.csv")

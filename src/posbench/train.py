@@ -29,8 +29,8 @@ from . import distributed
 from .checkpoint import CHECKPOINT, RESUME_CHECKPOINT, save_checkpoint
 from .config import check_config
 from .data import Corpus, load_corpus
-from .errors import PosbenchError
-from .evaluate import evaluate_lengths, score_nonoverlapping
+from .errors import Interrupted, PosbenchError
+from .evaluate import check_mergeable, evaluate_lengths, score_nonoverlapping
 from .io import lock_run_dir, write_csv
 from .logger import Logger, open_logger
 from .model import LanguageModel
@@ -218,8 +218,8 @@ def stop_non_finite(run: Run, what: str, value: float, step: int) -> None:
     )
 
 
-def stopped(run: Run, signal_name: str, step: int) -> PosbenchError:
-    return PosbenchError(
+def stopped(run: Run, signal_name: str, step: int) -> Interrupted:
+    return Interrupted(
         f"stopped by {signal_name} at step {step} of {run.cfg.train.steps}; the state is saved in "
         f"{run.run_dir / RESUME_CHECKPOINT}; to continue, run the same command in the same folder "
         f"(hydra.run.dir={run.run_dir}, or a sweep's hydra.sweep.dir)"
@@ -272,6 +272,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             return done
         if world.is_main and str(cfg.train.resume).lower() == "false":
             start_afresh(run_dir)
+        if world.is_main:
+            check_mergeable(run_dir)  # a results file that cannot take rows fails now, not after training
         run = prepare(cfg, run_dir, world)
         t, progress = cfg.train, run.progress
         with signals_deferred() as caught:
