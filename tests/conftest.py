@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from posbench.config import CONFIG_DIR, register_configs
 from posbench.data import shipped_folder
+from posbench.model import LanguageModel, ModelConfig
+from posbench.positional import ENCODINGS
 
 REPO = Path(__file__).resolve().parents[1]
 MINI = shipped_folder("wikitext-2-mini")
@@ -84,3 +87,26 @@ def read_only():
         if os.geteuid() == 0:
             subprocess.run(["chattr", "-i", str(folder)], check=False)
         folder.chmod(0o755)
+
+
+#: The unit tests' model: the smoke preset's size, on sdpa (flex compiles a kernel per encoding).
+TINY_MODEL = dict(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
+
+
+@pytest.fixture
+def tiny_lm():
+    """tiny_lm("rope", vocab=50, train_len=16, encoding_noise=0.0, **model) -> a seeded tiny LanguageModel.
+
+    ``encoding_noise``: the std of noise added to the encoding's own parameters, so that a learned
+    bias that starts at zero cannot hide a bug. ``model`` overrides TINY_MODEL's fields.
+    """
+
+    def _tiny_lm(encoding: str, *, vocab: int = 50, train_len: int = 16, encoding_noise: float = 0.0, **model):
+        torch.manual_seed(0)
+        lm = LanguageModel(ModelConfig(**{**TINY_MODEL, **model}), ENCODINGS[encoding][0](), vocab, train_len)
+        with torch.no_grad():
+            for p in lm.encoding.parameters():
+                p.add_(encoding_noise * torch.randn_like(p))
+        return lm
+
+    return _tiny_lm

@@ -9,22 +9,21 @@ import torch
 
 from posbench import attention as attention_mod
 from posbench.attention import Attention, eager_attention
-from posbench.model import LanguageModel, ModelConfig
+from posbench.model import LanguageModel
 from posbench.positional import ENCODINGS, build_encoding
 
-TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 VOCAB, SEQ = 50, 40  # 40: not a multiple of flex's 128-token blocks
 CUDA = torch.cuda.is_available()
 
 
-def build(name: str, backend: str, device: str = "cpu", **model) -> LanguageModel:
-    """A tiny LM; encoding parameters drawn at random so a zero-initialised bias cannot hide a bug."""
-    torch.manual_seed(0)
-    lm = LanguageModel(ModelConfig(**{**TINY, **model}, attention=backend), ENCODINGS[name][0](), VOCAB, SEQ)
-    with torch.no_grad():
-        for p in lm.encoding.parameters():
-            p.normal_(0.0, 0.5)
-    return lm.to(device)
+@pytest.fixture
+def build(tiny_lm):
+    """build(name, backend, device="cpu", **model) -> a tiny LM, in training mode, with noisy encoding parameters."""
+
+    def _build(name: str, backend: str, device: str = "cpu", **model) -> LanguageModel:
+        return tiny_lm(name, vocab=VOCAB, train_len=SEQ, attention=backend, encoding_noise=0.5, **model).to(device)
+
+    return _build
 
 
 def encoding(name: str, n_heads: int = 8, head_dim: int = 4):
@@ -71,18 +70,19 @@ def test_eager_matches_attention_written_out_by_hand():
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
-def test_sdpa_equals_eager_forward_and_backward(name):
+def test_sdpa_equals_eager_forward_and_backward(name, build):
     x, y = batch()
     assert_same(*nll_and_grads(build(name, "eager"), x, y), *nll_and_grads(build(name, "sdpa"), x, y))
 
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", list(ENCODINGS))
-def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch):
+def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch, build):
     """Past MASK_BUDGET the mask is built 7 queries at a time (sdpa without bias needs none)."""
     x, y = batch()
-    full = nll_and_grads(build(name, backend), x, y)
-    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * TINY["n_heads"] * SEQ * 7)
+    lm = build(name, backend)
+    full = nll_and_grads(lm, x, y)
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * lm.encoding.n_heads * SEQ * 7)
     lm = build(name, backend)
     blocks = backend == "eager" or lm.encoding.has_bias
     assert lm.attention.plan(SEQ, x.device, True, 0.0).query_block == (7 if blocks else None)
@@ -91,7 +91,7 @@ def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ENCODINGS))
-def test_flex_equals_eager(name):
+def test_flex_equals_eager(name, build):
     """Forward on CPU (FlexAttention has no CPU backward); forward and backward on CUDA."""
     device = "cuda" if CUDA else "cpu"
     x, y = batch(device)
@@ -106,7 +106,7 @@ def test_flex_equals_eager(name):
 
 
 @pytest.mark.slow
-def test_flex_stays_right_across_lengths():
+def test_flex_stays_right_across_lengths(build):
     """Several lengths in one process, two of them filling their last 128-token block only partly
     (on CPU, torch 2.13 gave NaN there in some processes: scripts/flex_cpu_check.py)."""
     eager, flex = build("alibi", "eager"), build("alibi", "flex")
@@ -137,7 +137,7 @@ def test_flex_sees_whole_blocks_only(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rope", "alibi"])
-def test_compiled_blocks_equal_eager(name):
+def test_compiled_blocks_equal_eager(name, build):
     """model.compile=true trains with the same numbers as eager (rope: q, k with new strides)."""
     x, y = batch()
     reference = build(name, "eager")
@@ -203,7 +203,7 @@ def test_unknown_backend_is_refused_naming_the_key():
 
 
 @pytest.mark.parametrize("attn_dropout, expected", [(None, 0.3), (0.0, 0.0), (1.0, 1.0)])
-def test_attention_dropout_defaults_to_model_dropout_in_training_only(attn_dropout, expected):
+def test_attention_dropout_defaults_to_model_dropout_in_training_only(attn_dropout, expected, build):
     lm = build("alibi", "sdpa", dropout=0.3, attn_dropout=attn_dropout)
     seen = []
     lm.attention.plan = lambda *args, plan=lm.attention.plan: seen.append(args[3]) or plan(*args)

@@ -1,18 +1,9 @@
 """The command line end to end: help, one-line errors, a smoke training run, a sweep and its report."""
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 
 from posbench.cli import main
-
-
-def posbench(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "posbench", *args], capture_output=True, text=True, cwd=cwd, timeout=600
-    )
 
 
 def test_help_lists_the_commands(capsys):
@@ -27,7 +18,7 @@ def test_unknown_command_is_one_line(capsys):
     assert "unknown command 'trian'" in err and "\n" not in err
 
 
-def test_train_help_shows_config_groups():
+def test_train_help_shows_config_groups(posbench):
     result = posbench("train", "--help")
     assert result.returncode == 0
     for group in ("encoding:", "model:", "experiment:", "alibi", "rope", "smoke"):
@@ -43,7 +34,7 @@ def test_train_help_shows_config_groups():
         ("model.attention=fash", "model.attention must be one of auto, sdpa, flex, eager"),
     ],
 )
-def test_bad_config_is_one_line_and_exit_2(override, message):
+def test_bad_config_is_one_line_and_exit_2(override, message, posbench):
     result = posbench("train", override)
     assert result.returncode == 2
     assert message in result.stderr
@@ -51,7 +42,7 @@ def test_bad_config_is_one_line_and_exit_2(override, message):
 
 
 @pytest.mark.slow
-def test_smoke_run_writes_every_requested_length(mini_data, tmp_path):
+def test_smoke_run_writes_every_requested_length(mini_data, tmp_path, posbench):
     run_dir = tmp_path / "run"
     result = posbench(
         "train",
@@ -74,7 +65,7 @@ def test_smoke_run_writes_every_requested_length(mini_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_then_report(mini_data, tmp_path):
+def test_sweep_then_report(mini_data, tmp_path, posbench):
     sweep_dir = tmp_path / "sweep"
     result = posbench(
         "-m",
@@ -97,7 +88,7 @@ def test_sweep_then_report(mini_data, tmp_path):
     assert (report / "ppl_vs_length.png").stat().st_size > 10_000
 
 
-def test_report_on_an_empty_folder_is_one_line(tmp_path):
+def test_report_on_an_empty_folder_is_one_line(tmp_path, posbench):
     result = posbench("report", str(tmp_path))
     assert result.returncode == 2
     assert "no finished runs" in result.stderr and "Traceback" not in result.stderr

@@ -10,8 +10,6 @@ import errno
 import math
 import resource
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -30,19 +28,6 @@ from posbench.report import collect_results, report
 REPO = Path(__file__).resolve().parents[1]
 
 
-def posbench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "posbench", *args], cwd=REPO, capture_output=True, text=True)
-
-
-def assert_one_line(done: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("posbench: error: "), done.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
 def config_error(*overrides: str, multirun: bool = False) -> str:
     with pytest.raises(PosbenchError) as e:
         validate_overrides("train", list(overrides), multirun, check_config)
@@ -55,7 +40,7 @@ def config_error(*overrides: str, multirun: bool = False) -> str:
 
 
 @pytest.mark.slow
-def test_cli_unknown_encoding_names_the_valid_choices():
+def test_cli_unknown_encoding_names_the_valid_choices(posbench, assert_one_line):
     assert_one_line(
         posbench("train", "encoding=alibii"), "encoding/alibii", "valid choices", "alibi", "rope", "sinusoidal"
     )
@@ -146,7 +131,7 @@ def test_data_folder_missing_a_split(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_runtime_error_is_one_line_and_recorded_in_the_run_folder(tmp_path):
+def test_cli_runtime_error_is_one_line_and_recorded_in_the_run_folder(tmp_path, posbench, assert_one_line):
     run_dir = tmp_path / "run"
     done = posbench("train", "experiment=smoke", f"data.path={tmp_path / 'nowhere'}", f"hydra.run.dir={run_dir}")
     assert_one_line(done, "does not exist (data.path)")
@@ -154,7 +139,7 @@ def test_cli_runtime_error_is_one_line_and_recorded_in_the_run_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_debug_true_shows_the_traceback(tmp_path):
+def test_cli_debug_true_shows_the_traceback(tmp_path, posbench):
     done = posbench(
         "train", "experiment=smoke", f"data.path={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path}", "debug=true"
     )
@@ -206,7 +191,7 @@ def test_report_on_a_folder_without_runs(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_report_on_a_folder_without_runs(tmp_path):
+def test_cli_report_on_a_folder_without_runs(tmp_path, posbench, assert_one_line):
     assert_one_line(posbench("report", str(tmp_path)), "no finished runs under")
 
 

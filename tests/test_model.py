@@ -2,29 +2,21 @@
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS
 
 # sdpa: flex compiles a kernel per encoding (a minute each on CPU); test_attention checks flex equals sdpa.
-TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
 VOCAB = 50
 
 
-def make_model(name: str, train_len: int = 16) -> LanguageModel:
-    torch.manual_seed(0)
-    config_cls, _ = ENCODINGS[name]
-    model = LanguageModel(TINY, OmegaConf.structured(config_cls()), VOCAB, train_len)
-    # Learned biases start near zero; perturb them so the tests see the encoding at work.
-    with torch.no_grad():
-        for p in model.encoding.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    return model.eval()
+@pytest.fixture
+def make_model(tiny_lm):
+    """make_model(name, train_len=16) -> a tiny LM in eval mode, its encoding's parameters perturbed."""
+    return lambda name, train_len=16: tiny_lm(name, vocab=VOCAB, train_len=train_len, encoding_noise=0.1).eval()
 
 
 @pytest.mark.parametrize("name", sorted(ENCODINGS))
-def test_causal(name):
+def test_causal(name, make_model):
     model = make_model(name)
     idx = torch.randint(0, VOCAB, (2, 16))
     changed = idx.clone()
@@ -36,7 +28,7 @@ def test_causal(name):
 
 
 @pytest.mark.parametrize("name", sorted(ENCODINGS))
-def test_runs_past_training_length_where_supported(name):
+def test_runs_past_training_length_where_supported(name, make_model):
     model = make_model(name, train_len=256)
     idx = torch.randint(0, VOCAB, (1, 1024))
     reason = model.encoding.unsupported_reason(1024)
@@ -48,7 +40,7 @@ def test_runs_past_training_length_where_supported(name):
     assert nll.shape == (1, 1024) and torch.isfinite(nll).all()
 
 
-def test_token_nll_matches_cross_entropy_whatever_the_chunk():
+def test_token_nll_matches_cross_entropy_whatever_the_chunk(make_model):
     model = make_model("rope")
     idx = torch.randint(0, VOCAB, (3, 16))
     with torch.no_grad():
@@ -58,6 +50,6 @@ def test_token_nll_matches_cross_entropy_whatever_the_chunk():
         torch.testing.assert_close(model.token_nll(idx, idx), reference)
 
 
-def test_weights_tied_by_default():
+def test_weights_tied_by_default(make_model):
     model = make_model("none")
     assert model.head.weight is model.tok_emb.weight

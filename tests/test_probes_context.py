@@ -7,12 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from posbench.errors import PosbenchError
-from posbench.model import LanguageModel, ModelConfig
-from posbench.positional import ENCODINGS, Dimensions, PositionEncoding
+from posbench.positional import Dimensions, PositionEncoding
 from posbench.probes.context import (
     COLUMNS,
     SUBSETS,
@@ -30,7 +28,6 @@ from posbench.probes.context import (
 )
 
 VOCAB = 50
-TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
 
 
 class WindowFake(nn.Module):
@@ -51,9 +48,9 @@ class WindowFake(nn.Module):
         return nll
 
 
-def tiny_model(name: str, train_len: int = 16) -> LanguageModel:
-    torch.manual_seed(0)
-    return LanguageModel(TINY, OmegaConf.structured(ENCODINGS[name][0]()), VOCAB, train_len).eval()
+@pytest.fixture
+def tiny_model(tiny_lm):
+    return lambda name, train_len=16: tiny_lm(name, vocab=VOCAB, train_len=train_len).eval()
 
 
 def stream(n: int, seed: int = 0) -> torch.Tensor:
@@ -117,7 +114,7 @@ def test_choose_targets_is_seeded_and_eligible():
     assert len(choose_targets(1100, 1000, 300, 16, seed=0)) == 100  # at most what the stream has
 
 
-def test_tiny_model_scores_each_target_with_the_context_it_is_planned():
+def test_tiny_model_scores_each_target_with_the_context_it_is_planned(tiny_model):
     model, tokens, context = tiny_model("rope"), stream(400), 24
     targets = choose_targets(len(tokens), context, 40, 8, seed=0)
     plan = plan_windows(targets, context, per_window_for(context))
@@ -151,7 +148,7 @@ def test_previous_occurrence_matches_a_scan():
     assert previous_occurrence(tokens).tolist() == expected
 
 
-def test_tiny_model_gives_every_column():
+def test_tiny_model_gives_every_column(tiny_model):
     cfg = ContextProbeConfig(targets=64, contexts=[8, 16, 32], block=8)
     df = context_usage(tiny_model("alibi"), stream(300), 16, cfg, batch_tokens=256, split="valid")
     assert list(df.columns) == COLUMNS
@@ -170,7 +167,7 @@ def test_contexts_beyond_the_data_are_dropped_with_one_warning(caplog):
         context_usage(WindowFake(window=4), stream(20), 16, cfg, batch_tokens=256)
 
 
-def test_learned_positions_beyond_the_table_give_unsupported_rows():
+def test_learned_positions_beyond_the_table_give_unsupported_rows(tiny_model):
     df = context_usage(tiny_model("learned"), stream(600), 16, ContextProbeConfig(targets=32, block=8), 256)
     status = df.groupby("context")["status"].agg(set)
     assert status[16] == {"ok"}  # served with fewer targets per window than k // 4 would give

@@ -6,11 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
-from posbench.model import LanguageModel, ModelConfig
-from posbench.positional import ENCODINGS, Dimensions, PositionEncoding
+from posbench.positional import Dimensions, PositionEncoding
 from posbench.probes.copy import (
     COLUMNS,
     CopyProbeConfig,
@@ -20,8 +18,6 @@ from posbench.probes.copy import (
     default_distances,
     draw_spans,
 )
-
-TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
 
 
 class Copier(nn.Module):
@@ -45,9 +41,9 @@ class Copier(nn.Module):
         return logits[:, -last:]
 
 
-def tiny_model(name: str, vocab: int, train_len: int = 16) -> LanguageModel:
-    torch.manual_seed(0)
-    return LanguageModel(TINY, OmegaConf.structured(ENCODINGS[name][0]()), vocab, train_len).eval()
+@pytest.fixture
+def tiny_model(tiny_lm):
+    return lambda name, vocab, train_len=16: tiny_lm(name, vocab=vocab, train_len=train_len).eval()
 
 
 def stream(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -94,7 +90,7 @@ def test_a_copying_model_gains_at_every_distance():
     assert copy_reach(df).distance == 256 and copy_reach(df).status == "ok"
 
 
-def test_random_weights_gain_about_nothing_and_nll_matches_token_nll():
+def test_random_weights_gain_about_nothing_and_nll_matches_token_nll(tiny_model):
     vocab = 50
     model, tokens = tiny_model("rope", vocab), stream(500, vocab)
     cfg = CopyProbeConfig(span=8, distances=[0, 16, 40], trials=6, seed=0)
@@ -116,7 +112,7 @@ def test_distances_beyond_the_data_are_dropped_with_one_warning(caplog):
     assert len(caplog.records) == 1 and "probe.distances" in caplog.records[0].getMessage()
 
 
-def test_learned_positions_beyond_the_table_give_unsupported_rows():
+def test_learned_positions_beyond_the_table_give_unsupported_rows(tiny_model):
     vocab = 50
     cfg = CopyProbeConfig(span=4, distances=[0, 9, 10, 32], trials=2)
     df = copy_probe(tiny_model("learned", vocab), stream(200, vocab), vocab, 16, cfg, batch_tokens=256)

@@ -1,8 +1,5 @@
 """``posbench eval``: a saved run evaluated again, merged into its results; bad input as one line."""
 
-import subprocess
-import sys
-
 import pandas as pd
 import pytest
 import torch
@@ -80,9 +77,7 @@ def test_vocabulary_mismatch_is_refused(run, evaluate, tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_command_end_to_end(run, tmp_path):
-    def posbench(*args):
-        return subprocess.run([sys.executable, "-m", "posbench", *args], capture_output=True, text=True, timeout=120)
+def test_eval_command_end_to_end(run, tmp_path, posbench):
 
     done = posbench(
         "eval", f"checkpoint={run / CHECKPOINT}", "eval_lens=[32,64]", "eval.max_tokens=600", "eval.splits=[test]"
