@@ -1,40 +1,31 @@
 """Position encodings, one small module each, behind the seam in :mod:`.base`.
 
-To add an encoding: write a module with a config dataclass (``name`` first) and a
-:class:`PositionEncoding` subclass built as ``Encoding(cfg, dims)``, list it in ``ENCODINGS``
-and add ``conf/encoding/<name>.yaml``.
+To add an encoding: write a module here with a config dataclass (``name`` first) and a
+:class:`PositionEncoding` subclass built as ``Encoding(cfg, dims)`` whose ``config_class`` names
+that dataclass, and add ``conf/encoding/<name>.yaml``. Every module of this package is imported
+below, and each such subclass registers itself in ``ENCODINGS``.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from .alibi import ALiBi, AlibiConfig, alibi_bias, alibi_slopes
-from .base import Dimensions, PositionEncoding
-from .fire import FIRE, FireConfig
-from .kerple import KerpleLog, KerpleLogConfig, KerplePower, KerplePowerConfig
-from .learned import Learned, LearnedConfig
-from .nope import NoPE, NoPEConfig
-from .rope import RoPE, RopeConfig, apply_rope, rope_inv_freq
+from .alibi import alibi_bias, alibi_slopes
+from .base import ENCODINGS, Dimensions, PositionEncoding
+from .rope import apply_rope, rope_inv_freq
 from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
-from .sinusoidal import Sinusoidal, SinusoidalConfig, sinusoidal_table
-from .t5 import T5Bias, T5Config, t5_bucket
-from .xpos import XPos, XposConfig
+from .sinusoidal import sinusoidal_table
+from .t5 import t5_bucket
 
-#: name -> (config dataclass, module class)
-ENCODINGS: dict[str, tuple[type, type[PositionEncoding]]] = {
-    "alibi": (AlibiConfig, ALiBi),
-    "rope": (RopeConfig, RoPE),
-    "sinusoidal": (SinusoidalConfig, Sinusoidal),
-    "learned": (LearnedConfig, Learned),
-    "none": (NoPEConfig, NoPE),
-    "t5": (T5Config, T5Bias),
-    "kerple_log": (KerpleLogConfig, KerpleLog),
-    "kerple_power": (KerplePowerConfig, KerplePower),
-    "fire": (FireConfig, FIRE),
-    "xpos": (XposConfig, XPos),
-}
+for _module in pkgutil.iter_modules(__path__):  # the encodings nobody imports by name register too
+    importlib.import_module(f"{__name__}.{_module.name}")
+_by_name = sorted(ENCODINGS.items())  # listed by name, whatever the order of import
+ENCODINGS.clear()
+ENCODINGS.update(_by_name)
 
 
 def encoding_config(cfg):

@@ -52,6 +52,8 @@ class AlibiConfig:
 
 
 class ALiBi(PositionEncoding):
+    config_class = AlibiConfig
+
     def __init__(self, cfg: AlibiConfig, dims: Dimensions):
         super().__init__(dims)
         slopes = alibi_slopes(dims.n_heads)

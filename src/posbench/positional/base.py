@@ -34,13 +34,26 @@ class Dimensions:
     train_len: int
 
 
+#: Every encoding by name: (config dataclass, module class). A subclass that names its ``config_class``
+#: registers itself here when its module is imported; ``positional/__init__`` imports every module.
+ENCODINGS: dict[str, tuple[type, type[PositionEncoding]]] = {}
+
+
 class PositionEncoding(nn.Module):
+    #: The encoding's config dataclass; the default of its ``name`` field is the encoding's name.
+    config_class: ClassVar[type | None] = None
     #: Longest sequence the encoding can serve (``None``: any length).
     max_len: int | None = None
     #: Dataclass of the config fields that may change at evaluation time (``None``: none). Its
     #: fields must also be fields of the encoding's config; ``posbench eval`` offers them under
     #: the encoding's name (``rope.scaling.factor=4`` sets ``encoding.scaling.factor``).
     variant_options: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        config = cls.__dict__.get("config_class")
+        if config is not None:
+            ENCODINGS[config.name] = (config, cls)
 
     def __init__(self, dims: Dimensions):
         super().__init__()

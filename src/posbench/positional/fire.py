@@ -51,6 +51,8 @@ class FireConfig:
 
 
 class FIRE(PositionEncoding):
+    config_class = FireConfig
+
     def __init__(self, cfg: FireConfig, dims: Dimensions):
         super().__init__(dims)
         init_threshold = dims.train_len if cfg.init_threshold is None else cfg.init_threshold

@@ -44,6 +44,8 @@ class KerpleLogConfig:
 
 
 class KerpleLog(PositionEncoding):
+    config_class = KerpleLogConfig
+
     def __init__(self, cfg: KerpleLogConfig, dims: Dimensions):
         super().__init__(dims)
         self.r1, self.r2 = uniform_per_head(dims.n_heads, 2.0), uniform_per_head(dims.n_heads, 1.0)
@@ -59,6 +61,8 @@ class KerplePowerConfig:
 
 
 class KerplePower(PositionEncoding):
+    config_class = KerplePowerConfig
+
     def __init__(self, cfg: KerplePowerConfig, dims: Dimensions):
         super().__init__(dims)
         self.a, self.p = uniform_per_head(dims.n_heads, 1.0), uniform_per_head(dims.n_heads, 2.0)

@@ -19,6 +19,8 @@ class LearnedConfig:
 
 
 class Learned(PositionEncoding):
+    config_class = LearnedConfig
+
     def __init__(self, cfg: LearnedConfig, dims: Dimensions):
         super().__init__(dims)
         if cfg.max_positions is not None and cfg.max_positions < 1:

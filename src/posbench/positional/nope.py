@@ -13,5 +13,7 @@ class NoPEConfig:
 
 
 class NoPE(PositionEncoding):
+    config_class = NoPEConfig
+
     def __init__(self, cfg: NoPEConfig, dims: Dimensions):
         super().__init__(dims)

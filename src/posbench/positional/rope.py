@@ -137,6 +137,7 @@ class RopeVariantOptions:
 
 
 class RoPE(PositionEncoding):
+    config_class = RopeConfig
     variant_options = RopeVariantOptions
 
     def __init__(self, cfg: RopeConfig, dims: Dimensions):

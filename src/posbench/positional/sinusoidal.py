@@ -30,6 +30,8 @@ class SinusoidalConfig:
 
 
 class Sinusoidal(PositionEncoding):
+    config_class = SinusoidalConfig
+
     def __init__(self, cfg: SinusoidalConfig, dims: Dimensions):
         super().__init__(dims)
         self.d_model = dims.d_model

@@ -56,6 +56,8 @@ class T5Config:
 
 
 class T5Bias(PositionEncoding):
+    config_class = T5Config
+
     def __init__(self, cfg: T5Config, dims: Dimensions):
         super().__init__(dims)
         try:

@@ -36,6 +36,8 @@ class XposConfig:
 
 
 class XPos(PositionEncoding):
+    config_class = XposConfig
+
     def __init__(self, cfg: XposConfig, dims: Dimensions):
         super().__init__(dims)
         rotary_inv_freq(dims.head_dim, cfg.theta)  # a bad theta or head size fails here
