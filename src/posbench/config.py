@@ -65,6 +65,8 @@ class EvalConfig:
     batch_tokens: int = 16384
     #: Score only the first N tokens of each split (``null``: all). For smoke tests.
     max_tokens: Optional[int] = None
+    #: Attend to each query's last W keys only (``null``: all); rows get ``variant=windowW``.
+    window: Optional[int] = None
 
 
 @dataclass
@@ -114,6 +116,8 @@ def check_eval(e) -> None:
         raise PosbenchError(
             f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}"
         )
+    if e.window is not None and e.window < 1:
+        raise PosbenchError(f"eval.window must be a positive number of keys or null, got {e.window}")
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
         raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
