@@ -18,6 +18,7 @@ from .errors import PosbenchError
 from .logger import check_logger
 from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
+from .probes.config import ProbeConfig, check_probes
 from .runtime import check_threads, resolve_device
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
@@ -89,6 +90,9 @@ class Config:
     logger: str = "csv"
     #: Torch CPU threads for this run (``null``: torch's default); set 1 when N jobs share N cores.
     threads: Optional[int] = None
+    #: Probes run on the best model after evaluation: some of context, window, copy, attention (README, "Probes").
+    probes: List[str] = field(default_factory=list)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 def register_configs() -> None:
@@ -156,5 +160,6 @@ def check_config(cfg) -> None:
         if cfg.train[key] < 1:
             raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
     check_eval(cfg.eval)
+    check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)
     check_buildable(cfg.model, cfg.encoding, cfg.train_len)

@@ -55,14 +55,15 @@ def run_folder(checkpoint: str) -> str:
     return str(path if path.is_dir() else path.parent)
 
 
-def eval_schema() -> type:
-    """EvalCommandConfig plus one namespace per encoding with evaluation-time options (``rope.scaling``)."""
+def eval_schema(base: type = EvalCommandConfig) -> type:
+    """``base`` plus one namespace per encoding with evaluation-time options (``rope.scaling``)."""
     namespaces = [(name, options, field(default_factory=options)) for name, options in variant_namespaces().items()]
-    return make_dataclass("EvalSchema", namespaces, bases=(EvalCommandConfig,))
+    return make_dataclass(f"{base.__name__}Schema", namespaces, bases=(base,))
 
 
-def register() -> None:
-    ConfigStore.instance().store(name="eval_schema", node=eval_schema())
+def register(schema: str = "eval_schema", base: type = EvalCommandConfig) -> None:
+    """Store the schema of a command that loads a saved run (``eval``, ``probe``) as ``schema``."""
+    ConfigStore.instance().store(name=schema, node=eval_schema(base))
     OmegaConf.register_new_resolver("posbench_run_dir", run_folder, replace=True)
 
 

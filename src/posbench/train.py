@@ -35,6 +35,7 @@ from .io import lock_run_dir, write_csv
 from .logger import Logger, open_logger
 from .model import LanguageModel
 from .optim import make_optimizer, make_scheduler
+from .probes.suite import run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
 from .runtime import autocast, resolve_device, seed_everything, set_threads
 
@@ -233,6 +234,7 @@ def finish(run: Run) -> dict:
     results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir)
     write_csv(results, run.run_dir / "results.csv")
     run.logger.log_results(results)
+    run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir)  # those of ``probes=[...]``, if any
     run.logger.close()
     (run.run_dir / RESUME_CHECKPOINT).unlink(missing_ok=True)  # finished: results.csv and checkpoint.pt say all
     return {"best_valid_loss": run.progress.best_val, "results": results}
