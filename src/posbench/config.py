@@ -48,6 +48,8 @@ class TrainConfig:
     loss_spike_ratio: float = 1.5
     #: ...or whose gradient norm (before clipping) exceeds this multiple of its running average.
     grad_spike_ratio: float = 5.0
+    #: This fraction of each batch's sequences are synthetic copy sequences (README, "Probes"; probes/copy.py).
+    copy_fraction: float = 0.0
 
 
 @dataclass
@@ -159,6 +161,8 @@ def check_config(cfg) -> None:
     for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
         if cfg.train[key] < 1:
             raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
+    if not 0 <= cfg.train.copy_fraction <= 1:
+        raise PosbenchError(f"train.copy_fraction must be in [0, 1], got {cfg.train.copy_fraction}")
     check_eval(cfg.eval)
     check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)
