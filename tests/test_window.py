@@ -11,6 +11,7 @@ from posbench import attention as attention_mod
 from posbench.attention import causal_mask
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS, build_encoding
+from posbench.probes.context import ContextProbeConfig, context_usage, curve
 
 TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 VOCAB, SEQ, WINDOW = 50, 40, 6
@@ -115,3 +116,14 @@ def test_flex_equals_eager_with_a_window(name):
         flex = build(name, "flex")
         torch.testing.assert_close(windowed_nll(flex, window, x, y), eager, atol=1e-5, rtol=1e-5)
         assert not flex.attention.flex_broken
+
+
+def test_a_windowed_model_has_a_flat_context_curve_beyond_its_receptive_field():
+    """Receptive field L (W - 1) + 1 = 11 tokens: contexts of 16, 32 and 64 give the same nll; 4 does not."""
+    lm = build("alibi", "sdpa")
+    stream = torch.randint(0, VOCAB, (400,), generator=torch.Generator().manual_seed(3))
+    probe = ContextProbeConfig(targets=64, contexts=[4, 16, 32, 64], block=8)
+    with lm.attention.windowed(WINDOW):
+        nll = curve(context_usage(lm, stream, SEQ, probe, batch_tokens=4096))
+    assert nll[16] == pytest.approx(nll[64], abs=1e-5) and nll[32] == pytest.approx(nll[64], abs=1e-5)
+    assert abs(nll[4] - nll[64]) > 1e-3

@@ -15,7 +15,7 @@ PROBES = ("context", "window", "copy", "attention")
 
 
 @dataclass
-class ProbeConfig(ContextProbeConfig, CopyProbeConfig):
+class ProbeConfig(CopyProbeConfig, ContextProbeConfig):
     """The options of every probe under ``probe.``; ``seed`` is shared by the context and copy probes."""
 
     def __post_init__(self):

@@ -67,6 +67,7 @@ def plot_copy_probe(table: pd.DataFrame, colours: dict, path: Path) -> bool:
     ax = fig.subplots()
     draw_lines(ax, curves, "distance", "gain", colours)
     ax.set_xscale("symlog", base=2, linthresh=16)  # d = 0 stays on the axis
+    ax.set_xlim(left=0)
     plain_ticks(ax)
     ax.axhline(0, color="black", linewidth=1)
     ax.set_xlabel("distance d (tokens of text between the span and its repeat)")
@@ -106,6 +107,7 @@ def plot_bias_curves(table: pd.DataFrame, colours: dict, path: Path) -> bool:
             ax.plot(curve["distance"], curve["bias"], color=colours[key[0]], alpha=0.35 + 0.65 * (head % 2))
         ax.axvline(key[2], color="grey", linestyle=":", linewidth=1)
         ax.set_xscale("symlog", base=2, linthresh=1)
+        ax.set_xlim(left=0)
         plain_ticks(ax)
         ax.set_title(label(*key), fontsize=10)
         ax.set_xlabel("distance d (tokens)")
