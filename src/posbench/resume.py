@@ -21,12 +21,8 @@ from .errors import PosbenchError
 from .io import ERROR_FILE
 from .runtime import rng_states, set_rng_states
 
-#: Keys that may differ between a run and its resumption: they do not change a single number
-#: (the probes run after training; ``posbench probe`` runs them on a finished run).
-RESUME_IGNORED = (
-    *("train.resume", "train.checkpoint_every", "debug", "device", "data.path", "threads", "logger"),
-    *("probes", "probe"),
-)
+#: Keys that may differ between a run and its resumption: they do not change a single number.
+RESUME_IGNORED = ("train.resume", "train.checkpoint_every", "debug", "device", "data.path", "threads", "logger")
 #: What a run writes to its folder besides .hydra/ and its log; ``train.resume=false`` removes these first.
 RUN_OUTPUTS = ("*.csv", CHECKPOINT, RESUME_CHECKPOINT, ERROR_FILE, "events.out.tfevents.*")
 
