@@ -32,7 +32,8 @@ def check_probes(names, probe) -> None:
     """Unknown probe names and broken ``probe.*`` rules as one line each."""
     unknown = [name for name in names if name not in PROBES]
     if unknown:
-        raise PosbenchError(f"unknown probe {unknown[0]!r} in probes={list(names)}; probes: {', '.join(PROBES)}")
+        given = ",".join(names)
+        raise PosbenchError(f"unknown probe {unknown[0]!r} in probes=[{given}]; probes: {', '.join(PROBES)}")
     try:
         probe_config(probe)
     except ValueError as e:
