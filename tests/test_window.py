@@ -62,6 +62,9 @@ def test_a_window_as_wide_as_the_sequence_changes_nothing(name, backend):
     plain = windowed_nll(lm, None, x, y)
     for window in (SEQ, SEQ + 7):
         assert torch.equal(windowed_nll(lm, window, x, y), plain)
+        with lm.attention.windowed(window):  # the very plan of the plain pass: no window, sdpa's causal flag
+            plan = lm.attention.plan(SEQ, x.device, False, 0.0)
+        assert plan.window is None and (plan.mask is None) == (backend == "sdpa" and not lm.encoding.has_bias)
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
