@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from posbench.checkpoint import CHECKPOINT, save_checkpoint
 from posbench.config import CONFIG_DIR, register_configs
-from posbench.data import shipped_folder
+from posbench.data import load_corpus, shipped_folder
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS
 
@@ -45,6 +47,23 @@ def _posbench(*args: str, cwd: Path | None = None, env: dict | None = None, time
     return subprocess.run(
         command, cwd=cwd or REPO, env=environ, capture_output=True, text=True, timeout=timeout, **kwargs
     )
+
+
+@pytest.fixture
+def saved_run(compose_config, mini_data):
+    """saved_run(folder, encoding="rope"): an untrained smoke-sized model saved as a run would save it
+    (no training: the numbers need not be good); returns ``folder``."""
+
+    def _save(folder: Path, encoding: str = "rope") -> Path:
+        cfg = compose_config("train", ["experiment=smoke", f"encoding={encoding}", f"data.path={mini_data}"])
+        corpus = load_corpus(cfg.data)
+        torch.manual_seed(0)
+        model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        save_checkpoint(folder / CHECKPOINT, {"model": model.state_dict(), "config": config, "vocab": corpus.vocab})
+        return folder
+
+    return _save
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from posbench.attention import Attention
 from posbench.config import Config
 from posbench.data import Corpus
 from posbench.evaluate import (
@@ -98,6 +99,7 @@ class FixedLogits(nn.Module):
         super().__init__()
         self.switch = switch
         self.encoding = NoPE(NoPEConfig(), Dimensions(n_heads=1, head_dim=2, d_model=2, train_len=8))
+        self.attention = Attention("eager", self.encoding)  # evaluation sets its window (eval.window)
 
     def token_nll(self, idx, targets):
         logits = torch.zeros(*idx.shape, 2)

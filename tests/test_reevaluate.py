@@ -2,30 +2,15 @@
 
 import pandas as pd
 import pytest
-import torch
-from omegaconf import OmegaConf
 
-from posbench.checkpoint import CHECKPOINT, save_checkpoint
-from posbench.data import load_corpus
+from posbench.checkpoint import CHECKPOINT
 from posbench.errors import PosbenchError
-from posbench.model import LanguageModel
 from posbench.reevaluate import evaluate_checkpoint, register
 
 
-def saved_run(folder, compose_config, mini_data, encoding="rope"):
-    """An untrained smoke-sized model saved as a run would save it (no training: the numbers need not be good)."""
-    cfg = compose_config("train", ["experiment=smoke", f"encoding={encoding}", f"data.path={mini_data}"])
-    corpus = load_corpus(cfg.data)
-    torch.manual_seed(0)
-    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
-    payload = {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True), "vocab": corpus.vocab}
-    save_checkpoint(folder / CHECKPOINT, payload)
-    return folder
-
-
 @pytest.fixture
-def run(tmp_path, compose_config, mini_data):
-    return saved_run(tmp_path / "run", compose_config, mini_data)
+def run(tmp_path, saved_run):
+    return saved_run(tmp_path / "run")
 
 
 @pytest.fixture
@@ -61,8 +46,8 @@ def test_rows_merge_into_the_run_and_sliding_at_eval_len_matches(run, evaluate):
         assert group["count"].sum() == 599
 
 
-def test_rope_scaling_on_a_bias_encoding_is_refused(tmp_path, compose_config, mini_data, evaluate):
-    run = saved_run(tmp_path / "alibi", compose_config, mini_data, encoding="alibi")
+def test_rope_scaling_on_a_bias_encoding_is_refused(tmp_path, saved_run, evaluate):
+    run = saved_run(tmp_path / "alibi", encoding="alibi")
     with pytest.raises(PosbenchError, match="rope.scaling.type applies to runs of encoding=rope; this run is alibi"):
         evaluate(run, ["rope.scaling.type=linear", "rope.scaling.factor=2"])
 

@@ -281,3 +281,17 @@ def test_resume_false_starts_afresh_without_the_old_runs_rows(small_config, tmp_
     positions = pd.read_csv(tmp_path / "per_position.csv", keep_default_na=False)
     assert set(positions["variant"]) == {""} and not (tmp_path / "extra_results.csv").exists()
     assert load_checkpoint(tmp_path / CHECKPOINT)["config"].train.lr == 0.001
+
+
+@pytest.mark.slow
+def test_copy_fraction_changes_training_and_resume_stays_exact(small_config, tmp_path, monkeypatch):
+    plain = train(small_config(), tmp_path / "plain")
+    reference = train(small_config("train.copy_fraction=0.5"), tmp_path / "reference")
+    assert reference["best_valid_loss"] != plain["best_valid_loss"]
+    interrupt_at(monkeypatch, call=5)
+    with pytest.raises(PosbenchError, match="stopped by SIGTERM at step 5 of 10"):
+        train(small_config("train.copy_fraction=0.5"), tmp_path / "run")
+    monkeypatch.undo()
+    resumed = train(small_config("train.copy_fraction=0.5"), tmp_path / "run")
+    assert resumed["best_valid_loss"] == reference["best_valid_loss"]
+    pd.testing.assert_frame_equal(numbers(resumed["results"]), numbers(reference["results"]), check_exact=True)

@@ -9,12 +9,17 @@
 
 A dense bias grows as T²: past ``MASK_BUDGET`` bytes the eager and sdpa backends build it
 for one block of queries at a time, so memory stays linear in the sequence length.
+
+``Attention.windowed(W)`` limits every query to its last W keys (the window counterfactual,
+``eval.window``): a banded causal mask in eager and sdpa, a banded BlockMask in flex.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,17 +34,20 @@ BACKENDS = ("auto", "sdpa", "flex", "eager")
 MASK_BUDGET = 256 * 2**20
 
 
-def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
     """Float mask (1, H, Q, K) — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
 
+    With ``window`` W, also -inf where k ≤ q - W: each query sees its last W keys (itself included).
     Built in fp32 (bias at large distances loses precision in bf16). The leading 1 matters:
     SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
     """
-    future = k_pos[None, :] > q_pos[:, None]  # (Q, K)
+    hidden = k_pos[None, :] > q_pos[:, None]  # (Q, K)
+    if window is not None:
+        hidden |= k_pos[None, :] <= q_pos[:, None] - window
     bias = (
-        encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *future.shape, device=q_pos.device)
+        encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *hidden.shape, device=q_pos.device)
     )
-    return bias.masked_fill(future, float("-inf")).unsqueeze(0)
+    return bias.masked_fill(hidden, float("-inf")).unsqueeze(0)
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -122,6 +130,34 @@ def causal_block_mask(seq_len: int, device: torch.device, block: int = FLEX_BLOC
     )
 
 
+def banded(window: int):
+    """Flex ``mask_mod`` of a causal window: query q sees keys q - window + 1 .. q."""
+
+    def mask_mod(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+    return mask_mod
+
+
+def banded_block_mask(seq_len: int, window: int, device: torch.device, block: int = FLEX_BLOCK):
+    """Flex's BlockMask of a causal window, written down directly like ``causal_block_mask``: query
+    block i sees key blocks from the one holding its first query's oldest key up to i, each
+    through ``banded`` (so no T×T grid is ever evaluated)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    n = -(-seq_len // block)
+    rows = torch.arange(n, device=device, dtype=torch.int32)
+    lowest = (rows * block - window + 1).clamp(min=0) // block  # (n,)
+    indices = (lowest[:, None] + rows[None, :]).clamp(max=n - 1)  # (n, n): row i's first i - lowest + 1 are used
+    return BlockMask.from_kv_blocks(
+        (rows - lowest + 1)[None, None],
+        indices[None, None].contiguous(),
+        BLOCK_SIZE=block,
+        mask_mod=banded(window),
+        seq_lengths=(seq_len, seq_len),
+    )
+
+
 @dataclass
 class Plan:
     """How every layer of one forward pass attends (shared by the layers, built once per pass)."""
@@ -132,6 +168,7 @@ class Plan:
     mask: Tensor | None = None  # full (1, H|1, T, T) mask; None: causal flag, flex, or query blocks
     block_mask: object = None  # flex's BlockMask
     query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
+    window: int | None = None  # keys each query sees (``Attention.windowed``); None: all before it
 
 
 class Attention:
@@ -140,6 +177,9 @@ class Attention:
     ``backend``: one of ``BACKENDS``. ``flex`` falls back to ``sdpa`` (one warning) where it
     cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
     (flex has none), or a score_mod that does not compile.
+
+    ``observer``: when set, called as ``observer(q, k)`` by every layer in turn with its rotated
+    q and k (B, H, T, hd); the attention-anatomy probe reads them there (``probes/attention.py``).
     """
 
     def __init__(self, backend: str, encoding: PositionEncoding):
@@ -150,6 +190,17 @@ class Attention:
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
         self._warned: set[str] = set()
         self._cache: dict[tuple, object] = {}
+        self.window: int | None = None  # set by ``windowed``
+        self.observer: Callable[[Tensor, Tensor], None] | None = None
+
+    @contextlib.contextmanager
+    def windowed(self, window: int | None):
+        """Within the block, every query attends to its last ``window`` keys only (``None``: all)."""
+        previous, self.window = self.window, window
+        try:
+            yield
+        finally:
+            self.window = previous
 
     def flex_obstacle(self, device: torch.device, needs_grad: bool, dropout_p: float) -> str | None:
         """Why flex cannot serve this pass, or ``None`` if it can."""
@@ -181,19 +232,25 @@ class Attention:
 
     def plan(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> Plan:
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
+        window = self.window if self.window is not None and self.window < seq_len else None  # wider: plain causal
         if backend == "flex":
             padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
-            block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
+            if window is None:
+                block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
+            else:
+                key = ("block", padded, device, window)
+                block_mask = self.cached(key, lambda: banded_block_mask(padded, window, device))
             return Plan("flex", seq_len, block_mask=block_mask)
-        if backend == "sdpa" and not self.encoding.has_bias:
+        if backend == "sdpa" and not self.encoding.has_bias and window is None:
             return Plan("sdpa", seq_len, dropout_p)  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
         if heads * seq_len * seq_len * 4 > MASK_BUDGET:
-            return Plan(backend, seq_len, dropout_p, query_block=max(1, MASK_BUDGET // (4 * heads * seq_len)))
+            query_block = max(1, MASK_BUDGET // (4 * heads * seq_len))
+            return Plan(backend, seq_len, dropout_p, query_block=query_block, window=window)
         pos = torch.arange(seq_len, device=device)
         if not self.encoding.is_static:  # learned bias: rebuilt every pass so gradients reach it
-            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos))
-        mask = self.cached(("mask", seq_len, device), lambda: causal_mask(self.encoding, pos, pos))
+            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos, window))
+        mask = self.cached(("mask", seq_len, device, window), lambda: causal_mask(self.encoding, pos, pos, window))
         return Plan(backend, seq_len, dropout_p, mask=mask)
 
     def cached(self, key: tuple, build):
@@ -205,6 +262,8 @@ class Attention:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
         """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias."""
         q, k = self.encoding.rotate(q, k)
+        if self.observer is not None:
+            self.observer(q, k)
         if plan.backend == "flex" and not self.flex_broken:
             try:
                 return self.flex(q, k, v, plan)
@@ -235,7 +294,8 @@ class Attention:
         pos = torch.arange(plan.seq_len, device=q.device)
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
-            e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys 0..e-1
-            mask = causal_mask(self.encoding, pos[s:e], pos[:e])  # (1, H|1, e-s, e)
-            out.append(attend(q[:, :, s:e], k[:, :, :e], v[:, :, :e], mask, plan.dropout_p))
+            e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys lo..e-1
+            lo = 0 if plan.window is None else max(0, s - plan.window + 1)  # older keys: outside every window
+            mask = causal_mask(self.encoding, pos[s:e], pos[lo:e], plan.window)  # (1, H|1, e-s, e-lo)
+            out.append(attend(q[:, :, s:e], k[:, :, lo:e], v[:, :, lo:e], mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)

@@ -27,6 +27,8 @@ commands:
            -m sweeps comma-separated values; `train --help` shows the config groups)
   eval     evaluate a saved run again without retraining: checkpoint=PATH 'eval_lens=[...]'
            eval.mode=sliding eval.stride=S, rope.scaling.type=linear|ntk|dynamic|yarn rope.scaling.factor=F
+  probe    does a saved run read its context? checkpoint=PATH 'probes=[context,window,copy,attention]'
+           (the default: all four; README, "Probes"), probe.targets=N probe.trials=N eval.window=W
   report   DIR: tables (summary.md, summary.csv: mean ± std over seeds) and figures (ppl_vs_length,
            per_position_loss, training_curves; PNG and SVG) from every run below DIR
   bench    speed and memory of every encoding x attention backend (bench.csv, bench.md)
@@ -156,6 +158,13 @@ def cmd_eval(args: list[str]) -> int:
     return run_hydra("eval", eval_command, args, check=check_command)
 
 
+def cmd_probe(args: list[str]) -> int:
+    from .probe import check_probe_command, probe_command, register_probe
+
+    register_probe()
+    return run_hydra("probe", probe_command, args, check=check_probe_command)
+
+
 def cmd_report(args: list[str]) -> int:
     from .report import report
 
@@ -182,6 +191,7 @@ def cmd_bench(args: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "eval": cmd_eval,
+    "probe": cmd_probe,
     "report": cmd_report,
     "bench": cmd_bench,
 }

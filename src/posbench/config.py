@@ -18,6 +18,7 @@ from .errors import PosbenchError
 from .logger import check_logger
 from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
+from .probes.config import ProbeConfig, check_probes
 from .runtime import check_threads, resolve_device
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
@@ -47,6 +48,8 @@ class TrainConfig:
     loss_spike_ratio: float = 1.5
     #: ...or whose gradient norm (before clipping) exceeds this multiple of its running average.
     grad_spike_ratio: float = 5.0
+    #: This fraction of each batch's sequences are synthetic copy sequences (README, "Probes"; probes/copy.py).
+    copy_fraction: float = 0.0
 
 
 @dataclass
@@ -65,6 +68,8 @@ class EvalConfig:
     batch_tokens: int = 16384
     #: Score only the first N tokens of each split (``null``: all). For smoke tests.
     max_tokens: Optional[int] = None
+    #: Attend to each query's last W keys only (``null``: all); rows get ``variant=windowW``.
+    window: Optional[int] = None
 
 
 @dataclass
@@ -87,6 +92,9 @@ class Config:
     logger: str = "csv"
     #: Torch CPU threads for this run (``null``: torch's default); set 1 when N jobs share N cores.
     threads: Optional[int] = None
+    #: Probes run on the best model after evaluation: some of context, window, copy, attention (README, "Probes").
+    probes: List[str] = field(default_factory=list)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
 
 def register_configs() -> None:
@@ -114,6 +122,8 @@ def check_eval(e) -> None:
         raise PosbenchError(
             f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}"
         )
+    if e.window is not None and e.window < 1:
+        raise PosbenchError(f"eval.window must be a positive number of keys or null, got {e.window}")
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
         raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
@@ -151,6 +161,9 @@ def check_config(cfg) -> None:
     for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
         if cfg.train[key] < 1:
             raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
+    if not 0 <= cfg.train.copy_fraction <= 1:
+        raise PosbenchError(f"train.copy_fraction must be in [0, 1], got {cfg.train.copy_fraction}")
     check_eval(cfg.eval)
+    check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)
     check_buildable(cfg.model, cfg.encoding, cfg.train_len)

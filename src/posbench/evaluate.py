@@ -199,10 +199,12 @@ def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
     return new
 
 
-def variant_of(encoding_cfg) -> str:
-    """The evaluation-time variant of an encoding (e.g. ``yarn×4``); empty for the encoding as trained."""
+def variant_of(encoding_cfg, window: int | None = None) -> str:
+    """The evaluation-time variant: the encoding's (e.g. ``yarn×4``) and the attention window's
+    (``window256``), joined by ``+``; empty for the model as trained."""
     config = encoding_config(encoding_cfg)
-    return ENCODINGS[config.name][1].variant_label(config)
+    labels = [ENCODINGS[config.name][1].variant_label(config), "" if window is None else f"window{window}"]
+    return "+".join(label for label in labels if label)
 
 
 def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: int, max_tokens) -> tuple[str, str]:
@@ -223,12 +225,21 @@ def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: i
 def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
     """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv``.
 
+    With ``eval.window`` W, attention sees only each query's last W keys (the window counterfactual).
+    """
+    with model.attention.windowed(cfg.eval.window):
+        return score_lengths(model, corpus, cfg, device, run_dir)
+
+
+def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
+    """``evaluate_lengths`` in the attention window already set.
+
     Lengths the encoding cannot serve (``unsupported``) or the split cannot fill (``too_short``) are marked, not fatal.
     """
     e = cfg.eval
     base = dict(
         encoding=cfg.encoding.name,
-        variant=variant_of(cfg.encoding),
+        variant=variant_of(cfg.encoding, e.window),
         train_len=cfg.train_len,
         eval_mode=e.mode,
         seed=cfg.seed,

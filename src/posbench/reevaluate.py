@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import List, Optional
 
 import pandas as pd
+import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .checkpoint import CHECKPOINT, check_vocab, load_checkpoint
 from .config import Config, EvalConfig, check_config, check_eval
-from .data import DataConfig, load_corpus
+from .data import Corpus, DataConfig, load_corpus
 from .errors import PosbenchError
 from .evaluate import RESULT_KEYS, check_mergeable, evaluate_lengths, merge_csv
 from .io import lock_run_dir
@@ -54,14 +55,15 @@ def run_folder(checkpoint: str) -> str:
     return str(path if path.is_dir() else path.parent)
 
 
-def eval_schema() -> type:
-    """EvalCommandConfig plus one namespace per encoding with evaluation-time options (``rope.scaling``)."""
+def eval_schema(base: type = EvalCommandConfig) -> type:
+    """``base`` plus one namespace per encoding with evaluation-time options (``rope.scaling``)."""
     namespaces = [(name, options, field(default_factory=options)) for name, options in variant_namespaces().items()]
-    return make_dataclass("EvalSchema", namespaces, bases=(EvalCommandConfig,))
+    return make_dataclass(f"{base.__name__}Schema", namespaces, bases=(base,))
 
 
-def register() -> None:
-    ConfigStore.instance().store(name="eval_schema", node=eval_schema())
+def register(schema: str = "eval_schema", base: type = EvalCommandConfig) -> None:
+    """Store the schema of a command that loads a saved run (``eval``, ``probe``) as ``schema``."""
+    ConfigStore.instance().store(name=schema, node=eval_schema(base))
     OmegaConf.register_new_resolver("posbench_run_dir", run_folder, replace=True)
 
 
@@ -98,8 +100,18 @@ def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictC
     return cfg
 
 
-def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> pd.DataFrame:
-    """Evaluate ``command.checkpoint`` with ``keys`` of ``command`` overridden; merge rows into ``out_dir``."""
+@dataclass
+class LoadedRun:
+    """A saved run ready to evaluate: its config with the command's keys, its data and its best model."""
+
+    cfg: DictConfig
+    corpus: Corpus
+    model: LanguageModel
+    device: torch.device
+
+
+def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
+    """Load ``command.checkpoint``, its config with ``keys`` of ``command`` overridden, and its data."""
     check_command(command)
     payload = load_checkpoint(Path(command.checkpoint))
     cfg = run_config(payload["config"], command, keys)
@@ -113,19 +125,29 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
         raise PosbenchError(f"the checkpoint's weights do not fit its config: {str(e).splitlines()[0]}") from None
+    return LoadedRun(cfg, corpus, model, device)
+
+
+def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> pd.DataFrame:
+    """Evaluate ``command.checkpoint`` with ``keys`` of ``command`` overridden; merge rows into ``out_dir``."""
+    run = load_run(command, keys)
     out_dir = Path(out_dir)
     with lock_run_dir(out_dir):
         check_mergeable(out_dir)
-        results = evaluate_lengths(model, corpus, cfg, device, out_dir)
+        results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir)
         merge_csv(results, out_dir / "results.csv", RESULT_KEYS)
     log.info("%d rows written to %s", len(results), out_dir / "results.csv")
     return results
 
 
-def eval_command(cfg: DictConfig, out_dir: str) -> pd.DataFrame:
-    """The Hydra task: the keys set on the command line are those of Hydra's task overrides."""
+def command_line_keys() -> list[str]:
+    """The keys set on the command line: those of Hydra's task overrides."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    overrides = OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))
-    return evaluate_checkpoint(cfg, [o.key_or_group for o in overrides], Path(out_dir))
+    return [o.key_or_group for o in OverridesParser.create().parse_overrides(list(HydraConfig.get().overrides.task))]
+
+
+def eval_command(cfg: DictConfig, out_dir: str) -> pd.DataFrame:
+    """The Hydra task of ``posbench eval``."""
+    return evaluate_checkpoint(cfg, command_line_keys(), Path(out_dir))

@@ -35,6 +35,8 @@ from .io import lock_run_dir, write_csv
 from .logger import Logger, open_logger
 from .model import LanguageModel
 from .optim import make_optimizer, make_scheduler
+from .probes.copy import with_copies
+from .probes.suite import run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
 from .runtime import autocast, resolve_device, seed_everything, set_threads
 
@@ -103,6 +105,18 @@ class Run:
     logger: Logger
     bar: tqdm  # on a terminal, rank 0 only
     last_log_time: float = field(default_factory=time.perf_counter)
+
+
+def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of ``step``: random windows of the train split, ``train.copy_fraction`` of them
+    replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same)."""
+    cfg, train_split = run.cfg, run.corpus.splits["train"]
+    x, y = sample_batch(train_split, cfg.train.batch_size, cfg.train_len, run.gen)
+    if not cfg.train.copy_fraction:
+        return x, y
+    return with_copies(
+        x, y, train_split, run.corpus.vocab_size, cfg.train.copy_fraction, cfg.probe.span, cfg.seed, step
+    )
 
 
 def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
@@ -233,6 +247,7 @@ def finish(run: Run) -> dict:
     results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir)
     write_csv(results, run.run_dir / "results.csv")
     run.logger.log_results(results)
+    run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir)  # those of ``probes=[...]``, if any
     run.logger.close()
     (run.run_dir / RESUME_CHECKPOINT).unlink(missing_ok=True)  # finished: results.csv and checkpoint.pt say all
     return {"best_valid_loss": run.progress.best_val, "results": results}
@@ -278,7 +293,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         t, progress = cfg.train, run.progress
         with signals_deferred() as caught:
             for step in range(progress.step + 1, t.steps + 1):
-                x, y = sample_batch(run.corpus.splits["train"], t.batch_size, cfg.train_len, run.gen)
+                x, y = training_batch(run, step)
                 train_loss, grad = train_step(run, x, y, step)
                 run.bar.update()
                 progress.step, progress.tokens_seen = step, progress.tokens_seen + x.numel()

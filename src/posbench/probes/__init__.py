@@ -1,11 +1,14 @@
 """Probes of whether a trained model reads its context, beyond perplexity.
 
 * :mod:`.context`: the context-usage curve (NLL of fixed targets against the left context they see);
-* :mod:`.copy`: long-range copy (how well a random span is predicted when it repeats d tokens later).
+* :mod:`.copy`: long-range copy (how well a random span is predicted when it repeats d tokens later);
+* :mod:`.attention`: attention anatomy (entropy, distance, far mass per head; bias curves).
 
+The window counterfactual is an evaluation with ``eval.window`` (``Attention.windowed``).
 Each probe is a function of a model, a token stream and its options that returns a DataFrame
-without the run's identity columns (encoding, variant, train_len, seed). This package holds
-what both probes share.
+without the run's identity columns (encoding, variant, train_len, seed); :mod:`.config` holds
+their names and options, :mod:`.suite` runs them and writes their CSVs. This package holds
+what the probes share.
 """
 
 from __future__ import annotations

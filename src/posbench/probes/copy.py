@@ -46,6 +46,8 @@ COLUMNS = [
 ]
 #: Keys the probe's generators apart from any seeded with a plain training seed.
 COPY_STREAM = 0xC0B1
+#: Keys the generators of training's copy sequences (``train.copy_fraction``) apart from the probe's.
+TRAIN_COPY_STREAM = 0xC0B2
 #: copy_reach: below this gain at d = 0 (nats), the model has not learned to copy.
 MIN_COPY_GAIN = 0.1
 
@@ -150,6 +152,29 @@ def copy_probe(
         nll, hit = score_copies(logits_fn, sequences, cfg.span, batch_tokens, device_of(model))
         rows.append(dict(where, **summarize(nll, hit, cfg.trials), status="ok", reason=""))
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def with_copies(
+    x: Tensor, y: Tensor, tokens: Tensor, vocab_size: int, fraction: float, span: int, seed: int, step: int
+) -> tuple[Tensor, Tensor]:
+    """Training batch (x, y) with round(fraction x B) of its sequences, chosen at random, replaced by copy sequences.
+
+    A copy sequence (as long as a row of x plus one) is a random span of min(``span``, half its length) tokens,
+    d tokens of ``tokens`` (d uniform from 0 to what the length allows), the span again, then more of the same
+    text. Drawn by a NumPy generator keyed by (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's,
+    and the same again when a resumed run redoes ``step``.
+    """
+    sequences = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1): y is x shifted by one
+    batch, length = sequences.shape
+    rng = np.random.default_rng([TRAIN_COPY_STREAM, seed, step])
+    span = min(span, length // 2)
+    text = length - 2 * span  # real-text tokens per copy sequence
+    for row in rng.choice(batch, round(fraction * batch), replace=False).tolist():
+        distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
+        copied = torch.from_numpy(rng.integers(0, vocab_size, span)).to(sequences)
+        filler = tokens[offset : offset + text].to(sequences)
+        sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
+    return sequences[:, :-1], sequences[:, 1:]
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row), summary.csv
 (mean and std over seeds), summary.md, and ppl_vs_length, per_position_loss and training_curves
-as PNG and SVG. ``collect`` reads, ``tables`` computes, ``figures`` draws.
+as PNG and SVG; where runs have probe CSVs, probes.csv (derived numbers per run), their tables in
+summary.md and their figures. ``collect`` reads, ``tables`` and ``probes`` compute, ``figures`` and
+``probe_figures`` draw.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import Iterator
 
 from ..errors import PosbenchError
 from ..io import write_csv, write_text
+from ..probes.suite import IDENTITY
 from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results, collect_runs
-from .figures import draw_figures
+from .figures import draw_figures, encoding_colours
+from .probe_figures import draw_probe_figures
+from .probes import probe_markdown, probe_numbers
 from .tables import aggregate, normalise, splits, summary_markdown
 
 __all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
@@ -34,12 +39,17 @@ def report(root: Path) -> Path:
     runs = collect_runs(root)
     results = normalise(runs.rows(RESULTS))
     summary = aggregate(results)
+    probes = probe_numbers(runs.reported)
     out = root / REPORT_DIR
     with replacing(out) as building:
         write_csv(results, building / "results.csv")
         write_csv(summary, building / "summary.csv")
-        write_text(summary_markdown(root, results, summary, runs.left_out), building / "summary.md")
+        if set(probes.columns) > set(IDENTITY):  # some run has derived probe numbers
+            write_csv(probes, building / "probes.csv")
+        markdown = summary_markdown(root, results, summary, runs.left_out, probe_markdown(probes))
+        write_text(markdown, building / "summary.md")
         draw_figures(runs, results, summary, splits(results)[0], building)
+        draw_probe_figures(runs, encoding_colours(results["encoding"]), building)
     return out
 
 

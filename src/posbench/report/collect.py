@@ -12,6 +12,7 @@ import pandas as pd
 from ..errors import PosbenchError
 from ..evaluate import PER_POSITION
 from ..io import ERROR_FILE
+from ..probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ RUN_CSVS = {
     ),
     PER_POSITION: ("train_len", "seed", "stride", "eval_len", "position", "nll", "count"),
     TRAIN_LOG: ("tokens", "valid_loss"),
+    CONTEXT_CSV: ("train_len", "seed", "context", "targets", "nll", "nll_se", "ppl"),
+    COPY_CSV: ("train_len", "seed", "distance", "trials", "nll_copy", "nll_baseline", "gain", "accuracy"),
+    ATTENTION_CSV: ("train_len", "seed", "eval_len", "layer", "head", "entropy", "mean_distance"),
+    BIAS_CSV: ("train_len", "seed", "head", "distance", "bias"),
 }
 
 

@@ -149,8 +149,11 @@ def mode_title(results: pd.DataFrame, mode: str) -> str:
     return f"{mode} (stride {', '.join(str(int(s)) for s in strides)})" if strides else mode
 
 
-def summary_markdown(root: Path, results: pd.DataFrame, summary: pd.DataFrame, left_out: dict[Path, str]) -> str:
-    """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the runs (or rows) left out."""
+def summary_markdown(
+    root: Path, results: pd.DataFrame, summary: pd.DataFrame, left_out: dict[Path, str], probes: list[str] = ()
+) -> str:
+    """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the ``probes`` sections,
+    the runs (or rows) left out."""
     sections = [
         f"# posbench report\n\n{results['run_dir'].nunique()} runs under `{root}`. Cells: mean ± sample standard "
         "deviation over seeds (the `seeds` column of summary.csv says how many); in brackets the change of the "
@@ -168,6 +171,7 @@ def summary_markdown(root: Path, results: pd.DataFrame, summary: pd.DataFrame, l
             sections.append(
                 f"### {split}, {mode}: perplexity of the tokens at window positions ≥ train_len only\n\n{beyond}"
             )
+    sections += probes
     if left_out:
         sections.append("## Runs left out\n\n" + "\n".join(f"- `{run}`: {reason}" for run, reason in left_out.items()))
     return "\n\n".join(sections) + "\n"

@@ -1,0 +1,50 @@
+"""``posbench probe``: run the probes (README, "Probes") on a saved run, without retraining.
+
+The run is loaded as ``posbench eval`` loads it (``reevaluate.load_run``): its own config, with the keys
+given on the command line replacing its values. ``probes=[...]`` (default: all four) and ``probe.*``
+come from the command line alone. Rows are merged into the run's folder, or ``hydra.run.dir=DIR``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List
+
+from omegaconf import DictConfig
+
+from .io import lock_run_dir
+from .probes.config import PROBES, ProbeConfig, check_probes
+from .probes.suite import run_probes
+from .reevaluate import EvalCommandConfig, check_command, command_line_keys, load_run, register
+
+
+@dataclass
+class ProbeCommandConfig(EvalCommandConfig):
+    #: The probes to run, of context, window, copy, attention.
+    probes: List[str] = field(default_factory=lambda: list(PROBES))
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+
+
+def register_probe() -> None:
+    register("probe_schema", ProbeCommandConfig)
+
+
+def check_probe_command(cfg: DictConfig) -> None:
+    """What can be checked before loading anything: the checkpoint, ``eval.*``, the probes and ``probe.*``."""
+    check_command(cfg)
+    check_probes(cfg.probes, cfg.probe)
+
+
+def probe_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> None:
+    """Run ``command.probes`` on ``command.checkpoint`` (``keys`` of ``command`` overridden) into ``out_dir``."""
+    check_probe_command(command)
+    run = load_run(command, keys)
+    run.cfg.probes, run.cfg.probe = command.probes, command.probe
+    with lock_run_dir(Path(out_dir)):
+        run_probes(run.model, run.corpus, run.cfg, run.device, Path(out_dir))
+
+
+def probe_command(cfg: DictConfig, out_dir: str) -> None:
+    """The Hydra task of ``posbench probe``."""
+    probe_checkpoint(cfg, command_line_keys(), Path(out_dir))

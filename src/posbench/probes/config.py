@@ -1,0 +1,40 @@
+"""The probes' names and options (``probes=[...]``, ``probe.*``), shared by ``train`` and ``posbench probe``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from ..errors import PosbenchError
+from .context import ContextProbeConfig
+from .copy import CopyProbeConfig
+
+#: Every probe, in the order they run (see the README's "Probes").
+PROBES = ("context", "window", "copy", "attention")
+
+
+@dataclass
+class ProbeConfig(CopyProbeConfig, ContextProbeConfig):
+    """The options of every probe under ``probe.``; ``seed`` is shared by the context and copy probes."""
+
+    def __post_init__(self):
+        ContextProbeConfig.__post_init__(self)
+        CopyProbeConfig.__post_init__(self)
+
+
+def probe_config(probe) -> ProbeConfig:
+    """``probe`` (a DictConfig or a dict) as a checked ProbeConfig; a broken rule raises ValueError."""
+    return ProbeConfig(**(OmegaConf.to_container(probe) if OmegaConf.is_config(probe) else dict(probe)))
+
+
+def check_probes(names, probe) -> None:
+    """Unknown probe names and broken ``probe.*`` rules as one line each."""
+    unknown = [name for name in names if name not in PROBES]
+    if unknown:
+        given = ",".join(names)
+        raise PosbenchError(f"unknown probe {unknown[0]!r} in probes=[{given}]; probes: {', '.join(PROBES)}")
+    try:
+        probe_config(probe)
+    except ValueError as e:
+        raise PosbenchError(str(e)) from None

@@ -1,0 +1,143 @@
+"""The probes' derived numbers per run (gain_beyond, effective_context, copy_reach, the window gap, attention
+entropy) and their summary.md tables: mean ± std over seeds per (encoding, variant, train_len)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ..markdown import markdown_table
+from ..probes.context import effective_context, gain_beyond
+from ..probes.copy import copy_reach
+from ..probes.suite import ATTENTION_CSV, CONTEXT_CSV, COPY_CSV
+from .collect import RESULTS, Run
+from .tables import LINE, line_key
+
+#: The attention anatomy's eval lengths in the table, as multiples of train_len.
+ANATOMY_MULTIPLES = (1, 4, 16)
+#: The window gap is read at this multiple of train_len.
+GAP_MULTIPLE = 16
+
+#: What an empty cell of a row with other numbers means.
+BLANK = {"copy_reach": "no_copying"}
+#: summary.md's probe tables: title, what the numbers mean, and (column, header, digits) per cell.
+TABLES = [
+    (
+        "Context usage",
+        "nll of fixed test targets against the left context k: `gain_beyond` = nll(k = train_len) − nll(largest k) "
+        "in nats (positive: context beyond the training length helps); `effective_context`: the smallest k within "
+        "0.01 nats of the best.",
+        [("gain_beyond", "gain_beyond (nats)", 4), ("effective_context", "effective_context", 0)],
+    ),
+    (
+        "Window counterfactual",
+        f"nll with attention limited to the last train_len keys minus the full model's, at {GAP_MULTIPLE} × "
+        "train_len (test split, nats): about 0 means the model behaves as a sliding window.",
+        [("window_gap", f"window gap at {GAP_MULTIPLE}× (nats)", 4)],
+    ),
+    (
+        "Long-range copy",
+        "`gain_0`: nll of a random span's second copy, right after the first, below the baseline's (nats); "
+        "`copy_reach`: the largest distance whose gain is at least half of that, over the seeds that copy "
+        "(gain_0 ≥ 0.1; `no_copying` where none does).",
+        [("gain_0", "gain at d = 0 (nats)", 3), ("copy_reach", "copy_reach (tokens)", 0)],
+    ),
+    (
+        "Attention anatomy",
+        "Attention entropy (nats), mean over layers, heads and queries, at 1, 4 and 16 × train_len; the share of "
+        "attention on keys more than train_len back, at 16 × train_len.",
+        [*((f"entropy_{m}x", f"entropy {m}×", 2) for m in ANATOMY_MULTIPLES), ("mass_beyond", "mass beyond", 3)],
+    ),
+]
+
+
+def as_trained(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the model as trained (no evaluation-time variant), their variant "" (read back as NaN)."""
+    plain = table["variant"].astype("string").fillna("") == "" if "variant" in table else True
+    return table[plain].assign(variant="")
+
+
+def context_numbers(table: pd.DataFrame, train_len: int) -> dict:
+    test = table[table["split"] == "test"]
+    if test.empty or not (test["status"] == "ok").any():
+        return {}
+    return dict(gain_beyond=gain_beyond(test, train_len), effective_context=effective_context(test))
+
+
+def copy_numbers(table: pd.DataFrame) -> dict:
+    ok = table[table["status"] == "ok"].set_index("distance")["gain"]
+    if 0 not in ok.index:
+        return {}
+    reach = copy_reach(table).distance
+    return dict(gain_0=ok[0], copy_reach=math.nan if reach is None else reach)
+
+
+def window_numbers(results: pd.DataFrame, train_len: int) -> dict:
+    if not {"variant", "nll"} <= set(results.columns):  # results.csv of a version without windows
+        return {}
+    at = results[(results["split"] == "test") & (results["eval_len"] == GAP_MULTIPLE * train_len)]
+    at = at[at["status"] == "ok"].set_index(at["variant"].astype("string").fillna(""))["nll"]
+    window = f"window{train_len}"
+    return dict(window_gap=at[window] - at[""]) if {window, ""} <= set(at.index) else {}
+
+
+def anatomy_numbers(table: pd.DataFrame, train_len: int) -> dict:
+    ok = table[table["status"] == "ok"]
+    numbers = {}
+    for m in ANATOMY_MULTIPLES:
+        at = ok[ok["eval_len"] == m * train_len]
+        if not at.empty:
+            numbers[f"entropy_{m}x"] = at["entropy"].mean()
+    longest = ok[ok["eval_len"] == ANATOMY_MULTIPLES[-1] * train_len]
+    if not longest.empty:
+        numbers["mass_beyond"] = longest["mass_beyond_train_len"].mean()
+    return numbers
+
+
+def run_numbers(run: Run) -> dict:
+    """The derived numbers of one run's probes (only those its CSVs allow)."""
+    results = run.tables[RESULTS]
+    first = results.iloc[0]
+    train_len = int(first["train_len"])
+    numbers = dict(encoding=first["encoding"], variant="", train_len=train_len, seed=first.get("seed", 0))
+    numbers.update(window_numbers(results, train_len))
+    for name, derive in (
+        (CONTEXT_CSV, lambda t: context_numbers(t, train_len)),
+        (COPY_CSV, copy_numbers),
+        (ATTENTION_CSV, lambda t: anatomy_numbers(t, train_len)),
+    ):
+        if name in run.tables:
+            numbers.update(derive(as_trained(run.tables[name])))
+    return numbers
+
+
+def probe_numbers(runs: list[Run]) -> pd.DataFrame:
+    """One row of derived numbers per run; no columns beyond the line's where no run has probes."""
+    return pd.DataFrame([run_numbers(run) for run in runs])
+
+
+def cell(values: pd.Series, digits: int) -> str:
+    values = values.dropna()
+    if values.empty:
+        return ""
+    mean, std = values.mean(), values.std()
+    return f"{mean:.{digits}f}" if pd.isna(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def probe_markdown(numbers: pd.DataFrame) -> list[str]:
+    """summary.md's sections, one per probe that some run has: a row per line, mean ± std over seeds."""
+    sections = []
+    for title, meaning, columns in TABLES:
+        present = [c for c in columns if c[0] in numbers]
+        if not present:
+            continue
+        rows = []
+        for key, group in sorted(numbers.groupby(LINE), key=lambda item: line_key(item[0])):
+            cells = [cell(group[column], digits) for column, _, digits in present]
+            if any(cells):
+                cells = [text or BLANK.get(column, "") for text, (column, _, _) in zip(cells, present)]
+                rows.append([*key, group["seed"].nunique(), *cells])
+        header = [*LINE, "seeds", *(name for _, name, _ in present)]
+        sections.append(f"## {title}\n\n{meaning}\n\n{markdown_table(header, rows)}")
+    return sections

@@ -1,0 +1,96 @@
+"""report on runs with probe CSVs: derived numbers as mean ± std over seeds, one table and figure per probe."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from posbench.evaluate import RESULT_COLUMNS
+from posbench.probes.attention import BIAS_COLUMNS
+from posbench.probes.attention import COLUMNS as ATTENTION_COLUMNS
+from posbench.probes.context import COLUMNS as CONTEXT_COLUMNS
+from posbench.probes.copy import COLUMNS as COPY_COLUMNS
+from posbench.probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, IDENTITY
+from posbench.report import report
+
+L = 4  # train_len; the probes' lengths are 4, 16 and 64 (16 x L)
+#: Per (encoding, seed): context nll at k = 4, 8, 16, 64; copy gain at d = 0, 16, 64; window and full nll at 64.
+RUNS = {
+    ("alibi", 0): ([5.0, 4.9, 4.85, 4.8], [0.5, 0.3, 0.1], (4.9, 4.8)),  # gain_beyond 0.2, effective 64, reach 16
+    ("alibi", 1): ([5.0, 4.95, 4.9, 4.9], [0.4, 0.1, 0.0], (4.9, 4.9)),  # gain_beyond 0.1, effective 16, reach 0
+    ("rope", 0): ([5.1, 5.2, 5.3, 5.5], [0.05, 0.0, 0.0], (5.2, 5.6)),  # no copying; the window helps
+}
+
+
+def frame(rows: list[dict], columns: list[str], encoding: str, seed: int) -> pd.DataFrame:
+    identity = dict(encoding=encoding, variant="", train_len=L, seed=seed)
+    return pd.DataFrame([{**identity, **row} for row in rows], columns=[*IDENTITY, *columns])
+
+
+def write_probed_run(folder, encoding, seed):
+    context_nll, gains, (window_nll, full_nll) = RUNS[encoding, seed]
+    folder.mkdir(parents=True)
+    results = []
+    for variant, eval_len, nll in (("", L, 5.0), ("", 16 * L, full_nll), (f"window{L}", 16 * L, window_nll)):
+        results.append(
+            dict(encoding=encoding, variant=variant, train_len=L, eval_len=eval_len, split="test", seed=seed)
+            | dict(eval_mode="nonoverlapping", stride=eval_len, tokens=99, nll=nll, ppl=math.exp(nll), status="ok")
+            | dict(run_dir=str(folder), reason="")
+        )
+    pd.DataFrame(results, columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
+    context = [
+        dict(split="test", context=k, subset=subset, targets=10, nll=nll + (subset != "all"), ppl=1.0, status="ok")
+        for k, nll in zip([4, 8, 16, 64], context_nll)
+        for subset in ("all", "repeat_far")
+    ]
+    frame(context, CONTEXT_COLUMNS, encoding, seed).to_csv(folder / CONTEXT_CSV, index=False)
+    copies = [dict(distance=d, trials=4, gain=g, status="ok") for d, g in zip([0, 16, 64], gains)]
+    frame(copies, COPY_COLUMNS, encoding, seed).to_csv(folder / COPY_CSV, index=False)
+    anatomy = [
+        dict(eval_len=m * L, layer=0, head=h, entropy=m + h + seed, mass_beyond_train_len=0.1 * h, status="ok")
+        for m in (1, 4, 16)
+        for h in (0, 1)
+    ]
+    frame(anatomy, ATTENTION_COLUMNS, encoding, seed).to_csv(folder / ATTENTION_CSV, index=False)
+    if encoding == "alibi":
+        bias = [dict(head=h, distance=d, bias=-d / (h + 1)) for h in (0, 1) for d in (0, 1, 8, 64)]
+        frame(bias, BIAS_COLUMNS, encoding, seed).to_csv(folder / BIAS_CSV, index=False)
+
+
+@pytest.fixture
+def probed(tmp_path):
+    for encoding, seed in RUNS:
+        write_probed_run(tmp_path / f"{encoding}_{seed}", encoding, seed)
+    return tmp_path
+
+
+def test_derived_numbers_are_averaged_over_seeds(probed):
+    out = report(probed)
+    numbers = pd.read_csv(out / "probes.csv").set_index(["encoding", "seed"])
+    assert numbers.loc[("alibi", 0), "gain_beyond"] == pytest.approx(0.2)
+    assert numbers.loc[("alibi", 1), "effective_context"] == 16
+    assert numbers.loc[("alibi", 0), "copy_reach"] == 16 and numbers.loc[("alibi", 1), "copy_reach"] == 0
+    assert math.isnan(numbers.loc[("rope", 0), "copy_reach"])
+    assert numbers.loc[("rope", 0), "window_gap"] == pytest.approx(-0.4)
+    assert numbers.loc[("alibi", 0), "entropy_16x"] == pytest.approx(16.5)  # heads 0 and 1: 16 and 17
+    summary = (out / "summary.md").read_text()
+    std = math.sqrt(2 * 0.05**2)  # sample std of 0.2 and 0.1
+    assert f"| alibi |  | 4 | 2 | 0.1500 ± {std:.4f} | 40 ± 34 |" in summary
+    assert "| rope |  | 4 | 1 | -0.4000 |" in summary  # the window gap
+    assert "| alibi |  | 4 | 2 | 0.450 ± 0.071 | 8 ± 11 |" in summary
+    assert "| rope |  | 4 | 1 | 0.050 | no_copying |" in summary
+    for title in ("Context usage", "Window counterfactual", "Long-range copy", "Attention anatomy"):
+        assert f"## {title}" in summary
+    for name in ("context_usage", "copy_probe", "attention_entropy", "bias_curves"):
+        assert (out / f"{name}.png").stat().st_size > 1000 and (out / f"{name}.svg").is_file()
+
+
+def test_runs_without_probes_have_no_probe_sections(probed):
+    for folder in probed.iterdir():
+        for name in (CONTEXT_CSV, COPY_CSV, ATTENTION_CSV, BIAS_CSV):
+            (folder / name).unlink(missing_ok=True)
+    out = report(probed)
+    summary = (out / "summary.md").read_text()
+    assert "## Context usage" not in summary and "## Long-range copy" not in summary
+    assert "## Window counterfactual" in summary  # from the window4 rows of results.csv
+    assert not (out / "context_usage.png").exists()
