@@ -28,7 +28,6 @@ from .data import UNK, Corpus
 from .io import write_csv
 from .model import LanguageModel
 from .positional import ENCODINGS, encoding_config
-from .runtime import autocast
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,10 @@ RESULT_COLUMNS = [
     "params",
     "encoding_params",
     "run_dir",
+    "precision",
 ]
 #: A row of results.csv is identified, within its run, by these columns.
-RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant"]
+RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision"]
 PER_POSITION = "per_position.csv"
 PER_POSITION_COLUMNS = [
     "encoding",
@@ -67,6 +67,7 @@ PER_POSITION_COLUMNS = [
     "position",
     "nll",
     "count",
+    "precision",
 ]
 
 
@@ -122,8 +123,7 @@ def score_windows(model: LanguageModel, tokens: Tensor, eval_len: int, stride: i
             batch = group[i : i + per_batch]
             x = torch.stack([tokens[s : s + length] for s, _ in batch]).to(device)  # (B, length)
             y = torch.stack([tokens[s + 1 : s + length + 1] for s, _ in batch]).to(device)  # (B, length)
-            with autocast(device):
-                nll = model.token_nll(x, y).double().cpu()  # (B, length)
+            nll = model.token_nll(x, y).double().cpu()  # (B, length)
             scored = torch.arange(length)[None, :] >= torch.tensor([f for _, f in batch])[:, None]  # (B, length)
             nll_sum[:length] += (nll * scored).sum(0)
             count[:length] += scored.sum(0)
@@ -210,6 +210,7 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
         params=model.num_params(),
         encoding_params=sum(p.numel() for p in model.encoding.parameters()),
         run_dir=str(run_dir),
+        precision=model.precision,
     )
     rows, positions = [], []
     for split in e.splits:

@@ -26,7 +26,7 @@ from .evaluate import RESULT_KEYS, evaluate_lengths, merge_csv
 from .io import lock_run_dir
 from .model import LanguageModel
 from .positional import ENCODINGS, variant_namespaces
-from .runtime import resolve_device, set_threads
+from .runtime import resolve_device, resolve_precision, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class EvalCommandConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     data: DataConfig = field(default_factory=DataConfig)
     device: str = "auto"
+    #: ``auto``, ``fp32`` or ``bf16`` (see ``Config.precision``); like every key, used only when given.
+    precision: str = "auto"
     #: Torch CPU threads (``null``: torch's default); set 1 when N evaluations share N cores.
     threads: Optional[int] = None
     debug: bool = False
@@ -108,7 +110,9 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     corpus = load_corpus(cfg.data)
     check_vocab(payload, corpus.vocab, Path(command.checkpoint))
     device = resolve_device(cfg.device)
-    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len).to(device)
+    precision, why = resolve_precision(cfg.precision, device)
+    log.info("device %s, %s (%s)", device, precision, why)
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
