@@ -132,3 +132,31 @@ def test_bf16_and_fp32_evaluation_of_a_trained_smoke_model_agree(compose_config,
         for eval_len in (32, 128):
             assert ppl["bf16", split, eval_len] == pytest.approx(ppl["fp32", split, eval_len], rel=0.01)
             assert ppl["bf16", split, eval_len] != ppl["fp32", split, eval_len]
+
+
+def write_results(folder, precision: str | None, ppl: float, seed: int = 0):
+    """A run's results.csv at eval_len 4 and 8; ``precision=None``: written before the column existed."""
+    folder.mkdir(parents=True)
+    rows = [
+        dict(encoding="rope", variant="", train_len=4, eval_len=n, split="test", eval_mode="nonoverlapping", stride=n)
+        | dict(tokens=64, nll=0.0, ppl=ppl * n / 4, status="ok", seed=seed, run_dir=str(folder), precision=precision)
+        for n in (4, 8)
+    ]
+    pd.DataFrame(rows).drop(columns=[] if precision else ["precision"]).to_csv(folder / "results.csv", index=False)
+
+
+def test_the_report_groups_by_precision_and_names_it_only_when_there_are_several(tmp_path):
+    from posbench.report import report
+
+    write_results(tmp_path / "one" / "a", "fp32", 10.0, seed=0)
+    write_results(tmp_path / "one" / "b", "fp32", 12.0, seed=1)
+    single = (report(tmp_path / "one") / "summary.md").read_text()
+    assert "| encoding | variant | train_len | 4 | 8 |" in single and "| rope |  | 4 | 11.0 ± 1.4 |" in single
+    write_results(tmp_path / "two" / "a", "fp32", 10.0)
+    write_results(tmp_path / "two" / "b", "bf16", 12.0)
+    out = report(tmp_path / "two")
+    summary = pd.read_csv(out / "summary.csv", keep_default_na=False).set_index(["precision", "eval_len"])
+    assert summary.loc[("fp32", 4), "ppl_mean"] == 10.0 and summary.loc[("bf16", 4), "ppl_mean"] == 12.0
+    text = (out / "summary.md").read_text()
+    assert "| encoding | variant | train_len | precision | 4 | 8 |" in text
+    assert "| rope |  | 4 | bf16 | 12.0 |" in text and "| rope |  | 4 | fp32 | 10.0 |" in text

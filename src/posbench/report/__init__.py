@@ -18,7 +18,7 @@ from ..errors import PosbenchError
 from ..io import write_csv, write_text
 from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results, collect_runs
 from .figures import draw_figures
-from .tables import aggregate, normalise, splits, summary_markdown
+from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
 
 __all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
 
@@ -38,8 +38,9 @@ def report(root: Path) -> Path:
     with replacing(out) as building:
         write_csv(results, building / "results.csv")
         write_csv(summary, building / "summary.csv")
-        write_text(summary_markdown(root, results, summary, runs.left_out), building / "summary.md")
-        draw_figures(runs, results, summary, splits(results)[0], building)
+        shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
+        write_text(summary_markdown(root, shown, shown_summary, runs.left_out), building / "summary.md")
+        draw_figures(runs, shown, shown_summary, splits(results)[0], building)
     return out
 
 
