@@ -160,3 +160,23 @@ def test_the_report_groups_by_precision_and_names_it_only_when_there_are_several
     text = (out / "summary.md").read_text()
     assert "| encoding | variant | train_len | precision | 4 | 8 |" in text
     assert "| rope |  | 4 | bf16 | 12.0 |" in text and "| rope |  | 4 | fp32 | 10.0 |" in text
+
+
+def test_a_run_saved_before_the_key_is_evaluated_as_it_ran(compose_config, mini_data, tmp_path, cpu_flags):
+    from posbench.checkpoint import CHECKPOINT, save_checkpoint
+
+    cpu_flags("avx512_bf16")  # auto would be bf16 here; the old run computed in fp32 on CPU
+    cfg = compose_config("train", ["experiment=smoke", f"data.path={mini_data}", "device=cpu"])
+    corpus = load_corpus(cfg.data)
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
+    saved = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "precision"}
+    save_checkpoint(tmp_path / CHECKPOINT, {"model": model.state_dict(), "config": saved, "vocab": corpus.vocab})
+    register()
+
+    def evaluated_in(*overrides: str) -> set[str]:
+        command = compose_config("eval", [f"checkpoint={tmp_path}", "eval_lens=[32]", "eval.splits=[test]", *overrides])
+        keys = ["checkpoint", "eval_lens", "eval.splits", *(o.split("=")[0] for o in overrides)]
+        return set(evaluate_checkpoint(command, keys, tmp_path)["precision"])
+
+    assert evaluated_in() == {"fp32"}
+    assert evaluated_in("precision=auto") == {"bf16"}

@@ -26,7 +26,7 @@ from .evaluate import RESULT_KEYS, evaluate_lengths, merge_csv
 from .io import lock_run_dir
 from .model import LanguageModel
 from .positional import ENCODINGS, variant_namespaces
-from .runtime import resolve_device, resolve_precision, set_threads
+from .runtime import legacy_precision, resolve_device, resolve_precision, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictC
             raise PosbenchError(f"{key} applies to runs of encoding={head}; this run is {name}")
         target = "encoding" + key.removeprefix(head) if head in variant_namespaces() else key
         OmegaConf.update(cfg, target, OmegaConf.select(command, key), merge=True)
+    if "precision" not in saved and "precision" not in keys:  # a run from before the key: as it ran
+        cfg.precision = legacy_precision(resolve_device(cfg.device))
     return cfg
 
 
