@@ -112,13 +112,6 @@ def test_precision_resumes_as_what_it_resolves_to(compose_config, mini_data, cpu
     assert config_differences(saved, cfg) == ["precision: bf16 -> fp32"]  # saved auto, resolved here: bf16
 
 
-def test_a_last_pt_with_the_old_loss_chunk_is_the_same_config(compose_config, mini_data):
-    cfg = compose_config("train", ["experiment=smoke", f"data.path={mini_data}"])
-    saved = OmegaConf.to_container(cfg, resolve=True)
-    saved["model"]["loss_chunk"] = 2048  # the default before it was measured
-    assert cfg.model.loss_chunk == 256 and config_differences(saved, cfg) == []
-
-
 @pytest.mark.slow
 def test_bf16_and_fp32_evaluation_of_a_trained_smoke_model_agree(compose_config, mini_data, tmp_path, caplog):
     cfg = compose_config(

@@ -34,10 +34,9 @@ class ModelConfig:
     attn_dropout: Optional[float] = None
     #: Share the token embedding with the output projection.
     tie_weights: bool = True
-    #: Positions per chunk when computing the LM head and loss. 256 x 33,278 fp32 logits stay under
-    #: glibc's 32 MiB mmap threshold, so a step reuses freed memory instead of faulting in fresh pages
-    #: (docs/performance.md, "The LM head and loss").
-    loss_chunk: int = 256
+    #: Positions per chunk when computing the LM head and loss (bounds logits memory:
+    #: 2048 x 33,278 fp32 logits and their log-softmax are 0.5 GB).
+    loss_chunk: int = 2048
     #: Attention backend: sdpa | flex | eager | auto (see attention.py and the README).
     attention: str = "auto"
     #: Compile the Transformer blocks with torch.compile (state-dict keys stay unchanged).

@@ -22,16 +22,7 @@ from .io import ERROR_FILE
 from .runtime import legacy_precision, resolve_device, resolve_precision, rng_states, set_rng_states
 
 #: Keys that may differ between a run and its resumption: they do not change a single number.
-RESUME_IGNORED = (
-    "train.resume",
-    "train.checkpoint_every",
-    "debug",
-    "device",
-    "data.path",
-    "threads",
-    "logger",
-    "model.loss_chunk",  # how many positions the head computes at once; the numbers are the same
-)
+RESUME_IGNORED = ("train.resume", "train.checkpoint_every", "debug", "device", "data.path", "threads", "logger")
 #: What a run writes to its folder besides .hydra/ and its log; ``train.resume=false`` removes these first.
 RUN_OUTPUTS = ("*.csv", CHECKPOINT, RESUME_CHECKPOINT, ERROR_FILE, "events.out.tfevents.*")
 
