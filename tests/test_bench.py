@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+from posbench import bench as bench_module
 from posbench.bench import COLUMNS, bench, check_bench, flops_per_token, register_bench_config
 from posbench.config import CONFIG_DIR
 from posbench.errors import PosbenchError
@@ -63,6 +65,7 @@ def test_bench_writes_every_encoding_backend_and_length(tmp_path):
         ("train_steps=-1", "train_steps must be 0 or more, got -1"),
         ("backends=[eagre]", "model.attention must be one of"),
         ("device=banana", "device"),
+        ("precisions=[fp16]", "precision must be one of auto, fp32, bf16, got 'fp16'"),
     ],
 )
 def test_bad_numbers_and_names_fail_before_anything_is_measured(override, message):
@@ -72,7 +75,27 @@ def test_bad_numbers_and_names_fail_before_anything_is_measured(override, messag
 
 
 def test_evaluation_only_bench_has_no_training_table(tmp_path):
-    bench(bench_config("encodings=[none]", "backends=[sdpa]", "eval_lens=[16]", "train_steps=0"), tmp_path)
+    overrides = ["encodings=[none]", "backends=[sdpa]", "eval_lens=[16]", "train_steps=0", "precisions=[fp32]"]
+    bench(bench_config(*overrides), tmp_path)
     text = (tmp_path / "bench.md").read_text()
     assert "## Training" not in text and "training steps" not in text
-    assert "Medians of 1 evaluations" in text and "| none | sdpa | 16 |" in text
+    assert "Medians of 1 evaluations" in text and "| none | sdpa | fp32 | 16 |" in text
+
+
+def test_every_row_in_each_precision_against_that_precision_s_peak(tmp_path, monkeypatch):
+    peaks = {"fp32": 1e9, "bf16": 4e9}
+    monkeypatch.setattr(bench_module, "matmul_peak_flops", lambda device, precision: peaks[precision])
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(self))  # no 1-minute compile
+    axes = ["encodings=[alibi]", "backends=[sdpa]", "eval_lens=[16]", "precisions=[fp32,bf16]", "compile_train=true"]
+    table = bench(bench_config(*axes), tmp_path)
+    written = pd.read_csv(tmp_path / "bench.csv")
+    assert list(written.columns) == COLUMNS and len(table) == 2 * 3  # per precision: train, compiled train, eval
+    assert list(written.precision) == ["fp32"] * 3 + ["bf16"] * 3
+    assert list(written.compile) == [False, False, True] * 2 and len(compiled) == 2 * 2  # two blocks per model
+    ok = written[written.status == "ok"]
+    expected = ok.gflop_per_s * 1e9 / ok.precision.map(peaks)
+    assert ok.peak_fraction.to_numpy() == pytest.approx(expected.to_numpy())
+    text = (tmp_path / "bench.md").read_text()
+    assert "matmul peak fp32 1.0 GFLOP/s, bf16 4.0 GFLOP/s" in text
+    assert "| alibi | sdpa, compiled | bf16 |" in text and "| alibi | sdpa | fp32 | 16 |" in text

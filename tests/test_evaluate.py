@@ -95,6 +95,8 @@ class FixedLogits(nn.Module):
     """A model whose next-token logits depend only on the position in the window: [0, 0] before
     ``switch`` (p = 1/2 for either token), [0, ln 3] from ``switch`` on (p(token 0) = 1/4)."""
 
+    precision = "fp32"
+
     def __init__(self, switch: int):
         super().__init__()
         self.switch = switch

@@ -82,7 +82,9 @@ def test_rng_states_put_back_give_the_same_draws():
     assert torch.equal(first[0], second[0]) and first[1] == second[1]
 
 
-def test_autocast_is_fp32_on_cpu():
+def test_autocast_is_bf16_for_bf16_only():
     a = torch.randn(4, 4)
-    with autocast("cpu"):
+    with autocast("cpu", "fp32"):
         assert (a @ a).dtype == torch.float32
+    with autocast("cpu", "bf16"):
+        assert (a @ a).dtype == torch.bfloat16

@@ -57,9 +57,20 @@ def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: fl
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
-    """As ``eager_attention``; ``mask=None`` means plain causal (square q and k only)."""
+    """As ``eager_attention``; ``mask=None`` means plain causal (square q and k only).
+
+    Under CPU autocast the fp32 mask stays fp32 (autocast would round it to bf16, where an ALiBi bias at
+    distance 16k moves in steps of 64): q, k and v are cast to bf16 here instead, and the CPU kernel adds
+    the fp32 mask to its fp32 scores. CUDA's fused kernels need the mask in q's dtype.
+    """
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        dtype = torch.get_autocast_dtype("cpu")
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(
+                q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask, dropout_p=dropout_p
+            )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
 
 

@@ -2,7 +2,8 @@
 
 Random tokens, so it needs no data. Every figure is the median of a few repeats after a
 warm-up (which also pays for compilation), with its ratio to the ``eager`` backend measured
-in the same process. Writes ``bench.csv`` and ``bench.md`` into the run folder.
+in the same process, in each precision (``precisions``), and its fraction of the matmul peak
+measured in that precision. Writes ``bench.csv`` and ``bench.md`` into the run folder.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .markdown import markdown_table
 from .model import LanguageModel, ModelConfig
 from .optim import make_optimizer
 from .positional import ENCODINGS
-from .runtime import autocast, resolve_device
+from .runtime import autocast, check_precision, resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ COLUMNS = [
     "peak_mem_mb",
     "status",
     "reason",
+    "precision",
+    "compile",
 ]
 
 
@@ -69,6 +72,10 @@ class BenchConfig:
     #: Evaluation lengths, each one window of batch 1 through ``score_nonoverlapping``.
     eval_lens: List[int] = field(default_factory=lambda: [1024, 4096, 16384])
     eval_repeats: int = 2
+    #: ``fp32``, ``bf16`` or ``auto`` (what ``train`` picks on this device); every row is measured in each.
+    precisions: List[str] = field(default_factory=lambda: ["auto"])
+    #: Also time training with ``model.compile=true`` (rows with ``compile`` true).
+    compile_train: bool = False
     #: Also time lucidrains' x-transformers (attn_flash=True, same sizes) when it is importable.
     xtransformers: bool = True
     #: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
@@ -91,6 +98,8 @@ def check_bench(cfg) -> None:
     if unknown:
         raise PosbenchError(f"encodings: unknown {unknown}; choices: {', '.join(ENCODINGS)}")
     resolve_device(cfg.device)
+    for precision in cfg.precisions:
+        check_precision(precision)
     for backend in cfg.backends:
         for name in cfg.encodings or ENCODINGS:
             check_buildable(
@@ -144,9 +153,12 @@ def median_seconds(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def matmul_peak_flops(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
-    """Measured fp32 FLOP/s of an n×n matmul: the yardstick for ``peak_fraction``."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def matmul_peak_flops(device: torch.device, precision: str = "fp32", n: int = 2048, repeats: int = 5) -> float:
+    """Measured FLOP/s of an n×n matmul in ``precision``: the yardstick for ``peak_fraction``."""
+    a, b = (torch.randn(n, n, device=device, dtype=DTYPES[precision]) for _ in range(2))
     return 2 * n**3 / median_seconds(lambda: synced(lambda: a @ b, device), repeats, warmup=2)
 
 
@@ -177,8 +189,7 @@ def train_step_fn(model, loss_fn, cfg: BenchConfig, device: torch.device):
     model.train()
 
     def step():
-        with autocast(device):
-            loss = loss_fn(x, y)
+        loss = loss_fn(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -221,40 +232,66 @@ def bench(cfg, run_dir) -> pd.DataFrame:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
-    encodings = list(cfg.encodings or ENCODINGS)
-    peak = matmul_peak_flops(device)
+    precisions = list(dict.fromkeys(resolve_precision(p, device)[0] for p in cfg.precisions))
+    peaks = {precision: matmul_peak_flops(device, precision) for precision in precisions}
     log.info(
-        "device %s, torch %s, %d threads, fp32 matmul peak %.1f GFLOP/s",
-        device,
-        torch.__version__,
-        torch.get_num_threads(),
-        peak / 1e9,
+        "device %s, torch %s, %d threads, matmul peak %s",
+        *(device, torch.__version__, torch.get_num_threads(), peaks_text(peaks)),
     )
     rows = []
-    for name in encodings:
+    for name in cfg.encodings or ENCODINGS:
         for backend in cfg.backends:
-            model_cfg = ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend})
-            torch.manual_seed(cfg.seed)
-            model = LanguageModel(model_cfg, ENCODINGS[name][0](), cfg.vocab_size, cfg.train_len).to(device)
-            if cfg.train_steps:
-                rows.append(
-                    time_training(
-                        model, lambda x, y, m=model: m.token_nll(x, y).mean(), cfg, device, name, backend, peak
-                    )
-                )
-            rows += time_evaluation(model, cfg, device, name, backend, peak)
-            del model
+            for precision in precisions:
+                rows += measure_model(cfg, device, name, backend, precision, peaks[precision])
         if cfg.xtransformers and cfg.train_steps and name in ("rope", "alibi"):
-            model = xtransformers_model(cfg, name)
-            if model is not None:
-                model = model.to(device)
-                loss_fn = lambda x, y, m=model: F.cross_entropy(m(x).flatten(0, 1).float(), y.flatten())  # noqa: E731
-                rows.append(time_training(model, loss_fn, cfg, device, name, "x-transformers", peak))
+            rows += [row for p in precisions for row in measure_xtransformers(cfg, device, name, p, peaks[p])]
     table = add_ratios(pd.DataFrame(rows, columns=COLUMNS))
     write_csv(table, run_dir / "bench.csv")
-    (run_dir / "bench.md").write_text(markdown(table, cfg, device, peak))
+    (run_dir / "bench.md").write_text(markdown(table, cfg, device, peaks))
     log.info("bench written to %s", run_dir)
     return table
+
+
+def peaks_text(peaks: dict[str, float]) -> str:
+    return ", ".join(f"{precision} {flops / 1e9:.1f} GFLOP/s" for precision, flops in peaks.items())
+
+
+def bench_model(cfg: BenchConfig, name: str, backend: str, precision: str, compiled: bool, device) -> LanguageModel:
+    model_cfg = ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend, "compile": compiled})
+    torch.manual_seed(cfg.seed)
+    return LanguageModel(model_cfg, ENCODINGS[name][0](), cfg.vocab_size, cfg.train_len, precision).to(device)
+
+
+def measure_model(cfg: BenchConfig, device, name: str, backend: str, precision: str, peak: float) -> list[dict]:
+    """Training and evaluation rows of one encoding, backend and precision; with ``compile_train`` a compiled
+    model's training row too."""
+    extra = cfg.compile_train and cfg.train_steps and not cfg.model.compile
+    compiled = [cfg.model.compile, *([True] if extra else [])]
+    rows = []
+    for compile_ in compiled:
+        model = bench_model(cfg, name, backend, precision, compile_, device)
+        if cfg.train_steps:
+            loss_fn = lambda x, y, m=model: m.token_nll(x, y).mean()  # noqa: E731
+            rows.append(dict(time_training(model, loss_fn, cfg, device, name, backend, peak), compile=compile_))
+        if compile_ == cfg.model.compile:  # evaluation as configured; compile_train adds training rows only
+            rows += [dict(row, compile=compile_) for row in time_evaluation(model, cfg, device, name, backend, peak)]
+    return [dict(row, precision=precision) for row in rows]
+
+
+def measure_xtransformers(cfg: BenchConfig, device, name: str, precision: str, peak: float) -> list[dict]:
+    """x-transformers' training row in ``precision``; none when it is not installed."""
+    model = xtransformers_model(cfg, name)
+    if model is None:
+        return []
+    model = model.to(device)
+
+    def loss_fn(x, y):
+        with autocast(device, precision):
+            logits = model(x)
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+    row = time_training(model, loss_fn, cfg, device, name, "x-transformers", peak)
+    return [dict(row, precision=precision, compile=False)]
 
 
 def time_training(model, loss_fn, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> dict:
@@ -316,13 +353,13 @@ def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, b
 
 def add_ratios(table: pd.DataFrame) -> pd.DataFrame:
     """``vs_eager``: tokens/s over the eager backend's for the same encoding, phase and length."""
-    key = ["encoding", "phase", "seq_len"]
+    key = ["encoding", "phase", "seq_len", "precision", "compile"]
     eager = table[table.backend == "eager"].set_index(key).tokens_per_s
     baseline = table.set_index(key).index.map(lambda k: eager.get(k, float("nan")))
     return table.assign(vs_eager=table.tokens_per_s.to_numpy() / baseline.to_numpy())
 
 
-def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
+def markdown(table: pd.DataFrame, cfg, device, peaks: dict[str, float]) -> str:
     m = cfg.model
     measured = (
         [f"{cfg.train_steps} training steps (batch {cfg.train_batch} × {cfg.train_len})"] if cfg.train_steps else []
@@ -332,14 +369,15 @@ def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
         f"Model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, FFN {m.d_ff}, "
         f"vocabulary {cfg.vocab_size:,}; device {device}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; "
-        f"measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s. Medians of {' and '.join(measured) or 'nothing'}, "
+        f"measured matmul peak {peaks_text(peaks)}. Medians of {' and '.join(measured) or 'nothing'}, "
         f"each after {cfg.warmup} warm-up run(s).\n"
     )
     fmt = lambda v, spec: "" if pd.isna(v) else format(v, spec)  # noqa: E731
     train_rows = [
         [
             r.encoding,
-            r.backend,
+            f"{r.backend}, compiled" if r.compile else r.backend,
+            r.precision,
             fmt(r.tokens_per_s, ",.0f"),
             fmt(r.vs_eager, ".2f"),
             fmt(r.gflop_per_s, ".1f"),
@@ -352,6 +390,7 @@ def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
         [
             r.encoding,
             r.backend,
+            r.precision,
             f"{r.seq_len:,}",
             fmt(r.tokens_per_s, ",.0f"),
             fmt(r.vs_eager, ".2f"),
@@ -361,9 +400,9 @@ def markdown(table: pd.DataFrame, cfg, device, peak: float) -> str:
         for r in table[table.phase == "eval"].itertuples()
     ]
     numbers = {"train tok/s", "eval tok/s", "tokens", "× eager", "GFLOP/s", "% of peak", "extra memory MB"}
-    train_header = ["encoding", "backend", "train tok/s", "× eager", "GFLOP/s", "% of peak", "note"]
+    train_header = ["encoding", "backend", "precision", "train tok/s", "× eager", "GFLOP/s", "% of peak", "note"]
     train = markdown_table(train_header, train_rows, right=numbers)
-    eval_header = ["encoding", "backend", "tokens", "eval tok/s", "× eager", "extra memory MB", "note"]
+    eval_header = ["encoding", "backend", "precision", "tokens", "eval tok/s", "× eager", "extra memory MB", "note"]
     evals = markdown_table(eval_header, eval_rows, right=numbers)
     train_part = ["## Training", "", train, ""] if cfg.train_steps else []
     return "\n".join([head, *train_part, "## Evaluation", "", evals, ""])

@@ -19,7 +19,7 @@ from .logger import check_logger
 from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
 from .probes.config import ProbeConfig, check_probes
-from .runtime import check_threads, resolve_device
+from .runtime import check_precision, check_threads, resolve_device
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -86,6 +86,8 @@ class Config:
     seed: int = 0
     #: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda``.
     device: str = "auto"
+    #: ``auto`` (bf16 on CUDA and on CPUs with native bf16, else fp32), ``fp32`` or ``bf16`` (autocast; runtime.py).
+    precision: str = "auto"
     #: Show full tracebacks instead of one-line errors.
     debug: bool = False
     #: ``csv`` (train_log.csv, results.csv) or ``tensorboard`` (event files in the run folder as well).
@@ -148,8 +150,9 @@ def check_buildable(model_cfg, encoding_cfg, train_len: int) -> None:
 
 
 def check_runtime(cfg) -> None:
-    """Device, threads and logger: what the machine must offer, checked before any data is read."""
+    """Device, precision, threads and logger: what the machine must offer, checked before any data is read."""
     resolve_device(cfg.device)
+    check_precision(cfg.precision)
     check_threads(cfg.threads)
     check_logger(cfg.logger)
 

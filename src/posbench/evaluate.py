@@ -29,7 +29,6 @@ from .errors import PosbenchError
 from .io import write_csv
 from .model import LanguageModel
 from .positional import ENCODINGS, encoding_config
-from .runtime import autocast
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +51,10 @@ RESULT_COLUMNS = [
     "params",
     "encoding_params",
     "run_dir",
+    "precision",
 ]
 #: A row of results.csv is identified, within its run, by these columns.
-RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant"]
+RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision"]
 RESULTS = "results.csv"
 PER_POSITION = "per_position.csv"
 PER_POSITION_KEYS = [*RESULT_KEYS, "position"]
@@ -70,6 +70,7 @@ PER_POSITION_COLUMNS = [
     "position",
     "nll",
     "count",
+    "precision",
 ]
 
 
@@ -125,8 +126,7 @@ def score_windows(model: LanguageModel, tokens: Tensor, eval_len: int, stride: i
             batch = group[i : i + per_batch]
             x = torch.stack([tokens[s : s + length] for s, _ in batch]).to(device)  # (B, length)
             y = torch.stack([tokens[s + 1 : s + length + 1] for s, _ in batch]).to(device)  # (B, length)
-            with autocast(device):
-                nll = model.token_nll(x, y).double().cpu()  # (B, length)
+            nll = model.token_nll(x, y).double().cpu()  # (B, length)
             scored = torch.arange(length)[None, :] >= torch.tensor([f for _, f in batch])[:, None]  # (B, length)
             nll_sum[:length] += (nll * scored).sum(0)
             count[:length] += scored.sum(0)
@@ -173,7 +173,7 @@ def read_mergeable(path: Path, keys: list[str]) -> pd.DataFrame | None:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     else:
-        missing = [k for k in keys if k not in old.columns]
+        missing = [k for k in keys[:2] if k not in old.columns]  # keys added later (precision) may be absent
         if not missing:
             return old
         reason = f"no {', '.join(missing)} column"
@@ -246,6 +246,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
         params=model.num_params(),
         encoding_params=sum(p.numel() for p in model.encoding.parameters()),
         run_dir=str(run_dir),
+        precision=model.precision,
     )
     rows, positions = [], []
     for split in e.splits:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from .attention import Attention, Plan
 from .positional import build_encoding
+from .runtime import autocast
 
 
 @dataclass
@@ -88,10 +89,12 @@ class Block(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, encoding_cfg, vocab_size: int, train_len: int):
+    """``precision`` (``fp32`` or ``bf16``, resolved: runtime.resolve_precision) is how ``token_nll`` computes."""
+
+    def __init__(self, cfg: ModelConfig, encoding_cfg, vocab_size: int, train_len: int, precision: str = "fp32"):
         super().__init__()
         check_model(cfg)
-        self.cfg = cfg
+        self.cfg, self.precision = cfg, precision
         head_dim = cfg.d_model // cfg.n_heads
         self.encoding = build_encoding(
             encoding_cfg, n_heads=cfg.n_heads, head_dim=head_dim, d_model=cfg.d_model, train_len=train_len
@@ -147,16 +150,17 @@ class LanguageModel(nn.Module):
         """Per-token negative log-likelihood (B, T) of ``targets`` given ``idx``.
 
         The LM head and log-softmax run over chunks of positions, so long sequences never
-        hold the full (B, T, vocab) logits at once.
+        hold the full (B, T, vocab) logits at once. In bf16 the blocks and the head's product run
+        under autocast; the log-softmax and the loss take the logits in fp32.
         """
-        h = self(idx)
+        with autocast(idx.device, self.precision):
+            h = self(idx)
         chunk = max(1, self.cfg.loss_chunk // idx.shape[0])
-        nll = [
-            F.cross_entropy(
-                self.head(h[:, s : s + chunk]).float().flatten(0, 1),
-                targets[:, s : s + chunk].flatten(),
-                reduction="none",
+        nll = []
+        for s in range(0, idx.shape[1], chunk):
+            with autocast(idx.device, self.precision):
+                logits = self.head(h[:, s : s + chunk])
+            nll.append(  # flattened (N, V) logits: the (B, V, T) layout takes a slow path
+                F.cross_entropy(logits.float().flatten(0, 1), targets[:, s : s + chunk].flatten(), reduction="none")
             )
-            for s in range(0, idx.shape[1], chunk)
-        ]  # flattened (N, V) logits: the (B, V, T) layout takes a slow path
         return torch.cat([n.view(idx.shape[0], -1) for n in nll], dim=1)

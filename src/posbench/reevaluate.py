@@ -27,7 +27,7 @@ from .evaluate import RESULT_KEYS, check_mergeable, evaluate_lengths, merge_csv
 from .io import lock_run_dir
 from .model import LanguageModel
 from .positional import ENCODINGS, variant_namespaces
-from .runtime import resolve_device, set_threads
+from .runtime import legacy_precision, resolve_device, resolve_precision, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class EvalCommandConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     data: DataConfig = field(default_factory=DataConfig)
     device: str = "auto"
+    #: ``auto``, ``fp32`` or ``bf16`` (see ``Config.precision``); like every key, used only when given.
+    precision: str = "auto"
     #: Torch CPU threads (``null``: torch's default); set 1 when N evaluations share N cores.
     threads: Optional[int] = None
     debug: bool = False
@@ -97,6 +99,8 @@ def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictC
             raise PosbenchError(f"{key} applies to runs of encoding={head}; this run is {name}")
         target = "encoding" + key.removeprefix(head) if head in variant_namespaces() else key
         OmegaConf.update(cfg, target, OmegaConf.select(command, key), merge=True)
+    if "precision" not in saved and "precision" not in keys:  # a run from before the key: as it ran
+        cfg.precision = legacy_precision(resolve_device(cfg.device))
     return cfg
 
 
@@ -120,7 +124,9 @@ def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
     corpus = load_corpus(cfg.data)
     check_vocab(payload, corpus.vocab, Path(command.checkpoint))
     device = resolve_device(cfg.device)
-    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len).to(device)
+    precision, why = resolve_precision(cfg.precision, device)
+    log.info("device %s, %s (%s)", device, precision, why)
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:

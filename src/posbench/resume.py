@@ -19,7 +19,7 @@ from .checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
 from .config import eval_lens_of
 from .errors import PosbenchError
 from .io import ERROR_FILE
-from .runtime import rng_states, set_rng_states
+from .runtime import legacy_precision, resolve_device, resolve_precision, rng_states, set_rng_states
 
 #: Keys that may differ between a run and its resumption: they do not change a single number.
 RESUME_IGNORED = ("train.resume", "train.checkpoint_every", "debug", "device", "data.path", "threads", "logger")
@@ -38,9 +38,17 @@ def flatten(tree, prefix: str = "") -> dict:
 
 
 def config_differences(saved, current) -> list[str]:
-    """``key: saved -> current`` for every setting that changes the numbers (RESUME_IGNORED left out)."""
+    """``key: saved -> current`` for every setting that changes the numbers (RESUME_IGNORED left out).
+
+    ``precision`` is compared as resolved on this run's device, so ``auto`` and the precision it picks
+    here are the same setting, and a run saved before the key existed ran in ``legacy_precision``.
+    """
     a = flatten(OmegaConf.to_container(OmegaConf.create(saved), resolve=True))
     b = flatten(OmegaConf.to_container(current, resolve=True))
+    if "precision" in b:
+        device = resolve_device(b["device"])
+        a["precision"] = resolve_precision(a["precision"], device)[0] if "precision" in a else legacy_precision(device)
+        b["precision"] = resolve_precision(b["precision"], device)[0]
     keys = [k for k in sorted(a.keys() | b.keys()) if not any(k == i or k.startswith(f"{i}.") for i in RESUME_IGNORED)]
     absent = "(absent)"
     return [f"{k}: {a.get(k, absent)} -> {b.get(k, absent)}" for k in keys if a.get(k, absent) != b.get(k, absent)]

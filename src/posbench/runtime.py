@@ -1,20 +1,28 @@
 """Where and how a command computes: the device, CPU threads, RNG state and mixed precision.
 
-``train``, ``eval`` and ``bench`` all take these from here. ``resolve_device`` and
-``check_threads`` are pure checks (``config.check_config`` may call them up front);
+``train``, ``eval`` and ``bench`` all take these from here. ``resolve_device``, ``check_threads``
+and ``check_precision`` are pure checks (``config.check_config`` may call them up front);
 ``set_threads`` is the one that changes torch's settings.
+
+Precision: ``fp32``, or ``bf16`` (the forward pass under bfloat16 autocast; weights, optimizer
+state, loss and log-softmax stay fp32). ``auto`` is bf16 where the hardware computes it natively
+(CUDA; CPUs with avx512_bf16 or AMX) and fp32 elsewhere, where emulated bf16 is slower than fp32.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from pathlib import Path
 
 import torch
 
 from .errors import PosbenchError
 
 DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
+PRECISIONS = ("auto", "fp32", "bf16")
+#: /proc/cpuinfo flags of CPUs that compute bfloat16 matmuls natively.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,6 +74,45 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def autocast(device):
-    """bf16 autocast on CUDA; a no-op context on CPU (fp32 there)."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=torch.device(device).type == "cuda")
+def check_precision(name) -> None:
+    if name not in PRECISIONS:
+        raise PosbenchError(f"precision must be one of {', '.join(PRECISIONS)}, got {name!r}")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in text.splitlines() if line.startswith("flags")), set())
+
+
+def native_bf16_flag() -> str | None:
+    """The flag that says this CPU computes bf16 natively (``avx512_bf16``, ``amx_bf16``), or None."""
+    flags = cpu_flags()
+    return next((flag for flag in NATIVE_BF16_FLAGS if flag in flags), None)
+
+
+def resolve_precision(name: str, device) -> tuple[str, str]:
+    """(``fp32`` or ``bf16``, why) for ``precision=name`` on ``device``."""
+    check_precision(name)
+    if name != "auto":
+        return name, f"precision={name}"
+    if torch.device(device).type == "cuda":
+        return "bf16", "precision=auto on CUDA"
+    flag = native_bf16_flag()
+    if flag:
+        return "bf16", f"precision=auto: this CPU has {flag}"
+    return "fp32", f"precision=auto: this CPU has none of {', '.join(NATIVE_BF16_FLAGS)} (bf16 would be emulated)"
+
+
+def legacy_precision(device) -> str:
+    """What runs made before the ``precision`` key computed in: bf16 autocast on CUDA, fp32 on CPU."""
+    return "bf16" if torch.device(device).type == "cuda" else "fp32"
+
+
+def autocast(device, precision: str):
+    """bf16 autocast for ``precision=bf16`` (resolved, not ``auto``); a no-op context for fp32."""
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

@@ -38,7 +38,7 @@ from .optim import make_optimizer, make_scheduler
 from .probes.copy import with_copies
 from .probes.suite import run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
-from .runtime import autocast, resolve_device, seed_everything, set_threads
+from .runtime import resolve_device, resolve_precision, seed_everything, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,11 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     device = world.device(resolve_device(cfg.device))
     seed_everything(cfg.seed)
     corpus = load_corpus(cfg.data)
-    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len).to(device)
+    precision, why = resolve_precision(cfg.precision, device)
+    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
     log.info(
-        "model: %s params, encoding %s, device %s, %d rank(s), torch threads %d",
-        *(f"{model.num_params():,}", cfg.encoding.name, device, world.size, torch.get_num_threads()),
+        "model: %s params, encoding %s, device %s, %s (%s), %d rank(s), torch threads %d",
+        *(f"{model.num_params():,}", cfg.encoding.name, device, precision, why, world.size, torch.get_num_threads()),
     )
     t = cfg.train
     optimizer = make_optimizer(model, t)
@@ -163,8 +164,7 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
 def train_step(run: Run, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[float, float]:
     """Returns the whole batch's training loss and the gradient norm (before clipping)."""
     run.model.train()
-    with autocast(run.device):
-        loss = run.loss_fn(x[run.rows].to(run.device), y[run.rows].to(run.device)).mean()
+    loss = run.loss_fn(x[run.rows].to(run.device), y[run.rows].to(run.device)).mean()
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.train.grad_clip)

@@ -23,7 +23,7 @@ from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results
 from .figures import draw_figures, encoding_colours
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
-from .tables import aggregate, normalise, splits, summary_markdown
+from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
 
 __all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
 
@@ -46,9 +46,10 @@ def report(root: Path) -> Path:
         write_csv(summary, building / "summary.csv")
         if set(probes.columns) > set(IDENTITY):  # some run has derived probe numbers
             write_csv(probes, building / "probes.csv")
-        markdown = summary_markdown(root, results, summary, runs.left_out, probe_markdown(probes))
+        shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
+        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, probe_markdown(probes))
         write_text(markdown, building / "summary.md")
-        draw_figures(runs, results, summary, splits(results)[0], building)
+        draw_figures(runs, shown, shown_summary, splits(results)[0], building)
         draw_probe_figures(runs, encoding_colours(results["encoding"]), building)
     return out
 

@@ -12,7 +12,18 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from .collect import PER_POSITION, Runs
-from .tables import LINE, by_line, eval_modes, label, line_key, mode_title, per_position_curves, training_curves
+from .tables import (
+    LINE,
+    by_line,
+    eval_modes,
+    label,
+    line_key,
+    mode_title,
+    normalise,
+    per_position_curves,
+    training_curves,
+    unlabelled_single_precision,
+)
 
 #: Each encoding's colour in every figure (matplotlib's tab10, in the order the encodings were added).
 ENCODING_COLOURS = {
@@ -162,6 +173,8 @@ def plot_training_curves(curves: pd.DataFrame, colours: dict, path: Path) -> boo
 def draw_figures(runs: Runs, results: pd.DataFrame, summary: pd.DataFrame, split: str, out: Path) -> None:
     """Every figure of the report into ``out``, ``split`` measured; an encoding has one colour in all."""
     per_position = runs.rows(PER_POSITION)
+    if not per_position.empty:
+        per_position = unlabelled_single_precision(normalise(per_position), results)
     colours = encoding_colours({*results["encoding"], *per_position.get("encoding", [])})
     plot_ppl_vs_length(results, summary, split, colours, out / "ppl_vs_length.png")
     plot_per_position(per_position, split, colours, out / "per_position_loss.png")

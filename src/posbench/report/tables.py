@@ -13,7 +13,7 @@ from ..markdown import markdown_table
 from .collect import RESULTS, TRAIN_LOG, Run
 
 #: The group whose seeds are averaged: one line of a figure, one row of a table.
-LINE = ["encoding", "variant", "train_len"]
+LINE = ["encoding", "variant", "train_len", "precision"]
 POINT = [*LINE, "eval_mode", "split", "eval_len"]
 #: A model whose perplexity at its training length is above this fraction of the unigram
 #: reference has barely learned to use context.
@@ -22,13 +22,14 @@ CONTEXT_FREE = 0.8
 
 def normalise(results: pd.DataFrame) -> pd.DataFrame:
     """Rows of every version of results.csv on one footing: columns it lacked get their meaning
-    for a plain model (no variant, non-overlapping windows, stride = eval_len)."""
+    for a plain model (no variant, non-overlapping windows, stride = eval_len; precision unrecorded: "")."""
     df = results.copy()
     defaults = dict(variant="", eval_mode="nonoverlapping", seed=0, ppl_beyond=float("nan"), unigram_ppl=float("nan"))
+    defaults.update(precision="")
     for column, default in defaults.items():
         if column not in df:
             df[column] = default
-    for column in ("variant", "eval_mode"):
+    for column in ("variant", "eval_mode", "precision"):
         df[column] = df[column].astype("string").fillna(defaults[column]).astype(str)
     if "stride" not in df:
         df["stride"] = df["eval_len"]
@@ -50,9 +51,17 @@ def by_line(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     return sorted(df.groupby(LINE), key=lambda item: line_key(item[0]))
 
 
-def label(encoding: str, variant: str, train_len: int | None = None) -> str:
-    name = f"{encoding} {variant}".strip()
+def label(encoding: str, variant: str, train_len: int | None = None, precision: str = "") -> str:
+    name = " ".join(part for part in (encoding, variant, precision) if part)
     return name if train_len is None else f"{name} (train {train_len})"
+
+
+def unlabelled_single_precision(df: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its precision blanked when ``results`` hold one precision: a line names its precision
+    only in a report that compares several, so single-precision reports read as before."""
+    if "precision" not in df or results["precision"].nunique() > 1:
+        return df
+    return df.assign(precision="")
 
 
 def splits(results: pd.DataFrame) -> list[str]:
@@ -116,6 +125,8 @@ def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "pp
         rows[key] = cells
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.names = LINE
+    if (table.index.get_level_values("precision") == "").all():
+        table.index = table.index.droplevel("precision")
     lengths = sorted(c for c in table.columns if c != "unigram")
     table = table[lengths + (["unigram"] if "unigram" in table.columns else [])].fillna("")
     return table.loc[:, (table != "").any()]
@@ -135,9 +146,10 @@ def context_free_warnings(summary: pd.DataFrame, split: str) -> list[str]:
         & (summary["eval_len"] == summary["train_len"])
     ]
     return [
-        f"- **{label(p.encoding, p.variant, p.train_len)}**: {split} perplexity {p.ppl_mean:.1f} at the training "
-        f"length is not clearly below the unigram reference {p.unigram_ppl:.1f} (above {CONTEXT_FREE:.0%} of it): "
-        "the model has barely learned to use context, so its extrapolation numbers mean little."
+        f"- **{label(p.encoding, p.variant, p.train_len, p.precision)}**: {split} perplexity {p.ppl_mean:.1f} at the "
+        f"training length is not clearly below the unigram reference {p.unigram_ppl:.1f} "
+        f"(above {CONTEXT_FREE:.0%} of it): the model has barely learned to use context, so its extrapolation "
+        "numbers mean little."
         for p in df.itertuples()
         if p.ppl_mean > CONTEXT_FREE * p.unigram_ppl
     ]
