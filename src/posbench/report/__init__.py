@@ -47,10 +47,11 @@ def report(root: Path) -> Path:
         if set(probes.columns) > set(IDENTITY):  # some run has derived probe numbers
             write_csv(probes, building / "probes.csv")
         shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
-        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, probe_markdown(probes))
+        shown_probes = probe_markdown(unlabelled_single_precision(probes, results) if len(probes) else probes)
+        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, shown_probes)
         write_text(markdown, building / "summary.md")
         draw_figures(runs, shown, shown_summary, splits(results)[0], building)
-        draw_probe_figures(runs, encoding_colours(results["encoding"]), building)
+        draw_probe_figures(runs, encoding_colours(results["encoding"]), building, results)
     return out
 
 

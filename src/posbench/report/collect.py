@@ -58,6 +58,12 @@ class Run:
     folder: Path
     tables: dict[str, pd.DataFrame]
 
+    @property
+    def precision(self) -> str:
+        """The precision the run was evaluated in ("" where results.csv does not say, or says several)."""
+        values = self.tables[RESULTS].get("precision", pd.Series(dtype=object)).dropna().unique()
+        return str(values[0]) if len(values) == 1 else ""
+
 
 @dataclass(frozen=True)
 class Runs:
@@ -68,7 +74,12 @@ class Runs:
 
     def rows(self, name: str) -> pd.DataFrame:
         """The rows of every reported run's ``name`` CSV, in run order (no columns where no run has one)."""
-        frames = [run.tables[name] for run in self.reported if name in run.tables]
+        frames = [
+            table if "precision" in table else table.assign(precision=run.precision)  # probe files: the run's
+            for run in self.reported
+            if name in run.tables
+            for table in [run.tables[name]]
+        ]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

@@ -12,7 +12,7 @@ from ..probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
 from .collect import Runs
 from .figures import line_styles, plain_ticks, save_figure
 from .probes import as_trained
-from .tables import LINE, by_line, label
+from .tables import LINE, by_line, label, unlabelled_single_precision
 
 
 def seed_means(table: pd.DataFrame, x: str, y: str, extra: tuple[str, ...] = ()) -> pd.DataFrame:
@@ -121,9 +121,15 @@ def plot_bias_curves(table: pd.DataFrame, colours: dict, path: Path) -> bool:
     return True
 
 
-def draw_probe_figures(runs: Runs, colours: dict, out: Path) -> None:
-    """The probes' figures into ``out`` (each only where some run has its CSV)."""
-    plot_context_usage(runs.rows(CONTEXT_CSV), colours, out / "context_usage.png")
-    plot_copy_probe(runs.rows(COPY_CSV), colours, out / "copy_probe.png")
-    plot_attention_entropy(runs.rows(ATTENTION_CSV), colours, out / "attention_entropy.png")
-    plot_bias_curves(runs.rows(BIAS_CSV), colours, out / "bias_curves.png")
+def draw_probe_figures(runs: Runs, colours: dict, out: Path, results: pd.DataFrame) -> None:
+    """The probes' figures into ``out`` (each only where some run has its CSV); lines name their precision
+    only where ``results`` hold several."""
+
+    def rows(name: str) -> pd.DataFrame:
+        table = runs.rows(name)
+        return table if table.empty else unlabelled_single_precision(table, results)
+
+    plot_context_usage(rows(CONTEXT_CSV), colours, out / "context_usage.png")
+    plot_copy_probe(rows(COPY_CSV), colours, out / "copy_probe.png")
+    plot_attention_entropy(rows(ATTENTION_CSV), colours, out / "attention_entropy.png")
+    plot_bias_curves(rows(BIAS_CSV), colours, out / "bias_curves.png")

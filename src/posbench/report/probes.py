@@ -101,6 +101,7 @@ def run_numbers(run: Run) -> dict:
     first = results.iloc[0]
     train_len = int(first["train_len"])
     numbers = dict(encoding=first["encoding"], variant="", train_len=train_len, seed=first.get("seed", 0))
+    numbers["precision"] = run.precision
     numbers.update(window_numbers(results, train_len))
     for name, derive in (
         (CONTEXT_CSV, lambda t: context_numbers(t, train_len)),
@@ -132,12 +133,12 @@ def probe_markdown(numbers: pd.DataFrame) -> list[str]:
         present = [c for c in columns if c[0] in numbers]
         if not present:
             continue
-        rows = []
-        for key, group in sorted(numbers.groupby(LINE), key=lambda item: line_key(item[0])):
+        rows, line = [], [c for c in LINE if c != "precision" or numbers[c].astype(bool).any()]  # one: unnamed
+        for key, group in sorted(numbers.groupby(line), key=lambda item: line_key(item[0])):
             cells = [cell(group[column], digits) for column, _, digits in present]
             if any(cells):
                 cells = [text or BLANK.get(column, "") for text, (column, _, _) in zip(cells, present)]
                 rows.append([*key, group["seed"].nunique(), *cells])
-        header = [*LINE, "seeds", *(name for _, name, _ in present)]
+        header = [*line, "seeds", *(name for _, name, _ in present)]
         sections.append(f"## {title}\n\n{meaning}\n\n{markdown_table(header, rows)}")
     return sections
