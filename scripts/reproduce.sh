@@ -38,6 +38,10 @@
 # 35 min, RoPE scalings (3 runs x 6 variants x 6 lengths) 12 min, report < 1 min: 122 min.
 # Every encoding at 3 seeds (EXTRA_SEEDS=0,1,2: 10 more runs, the slower bias encodings among
 # them) adds ~55 min: ~3 h, over the 2.5 h budget.
+# Those times predate two later changes to experiment=study: it now runs the four probes after each
+# training (10-25 min per run on 2 shared cores, measured 2026-11-30 by scripts/context_probes.sh),
+# and precision=auto trains in bf16 on a CPU with native bf16. Neither is re-timed yet (issue 17);
+# TRAIN_ARGS="probes=[] precision=fp32" scripts/reproduce.sh runs the study as it was timed.
 # Interrupted? Run it again: finished training runs are skipped; evaluations are redone.
 set -euo pipefail
 
