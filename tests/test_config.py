@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from posbench.config import CONFIG_DIR, check_config
 from posbench.positional import ENCODINGS
@@ -24,3 +25,10 @@ def test_conf_encoding_holds_exactly_the_registered_encodings():
 
 def test_there_are_presets_to_compose():
     assert {"paper", "quick", "smoke", "study"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "probe", "bench"])
+def test_every_command_summarises_its_sweeps(command):
+    # Without the callback a sweep whose jobs fail would exit 0: each job records its failure and goes on.
+    hydra = yaml.safe_load((CONFIG_DIR / f"{command}.yaml").read_text())["hydra"]
+    assert hydra["callbacks"]["sweep_summary"]["_target_"] == "posbench.sweep.SweepSummary"
