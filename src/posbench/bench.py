@@ -294,6 +294,20 @@ def measure_xtransformers(cfg: BenchConfig, device, name: str, precision: str, p
     return [dict(row, precision=precision, compile=False)]
 
 
+def measured(row: dict, tok_s: float, flops: float, peak: float, extra_mb: float) -> dict:
+    """A bench row of a measurement: throughput, FLOP rate and its share of the matmul peak, memory."""
+    return dict(
+        row,
+        tokens_per_s=tok_s,
+        gflop_per_token=flops / 1e9,
+        gflop_per_s=tok_s * flops / 1e9,
+        peak_fraction=tok_s * flops / peak,
+        peak_mem_mb=extra_mb,
+        status="ok",
+        reason="",
+    )
+
+
 def time_training(model, loss_fn, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> dict:
     row = dict(encoding=name, backend=backend, phase="train", seq_len=cfg.train_len, batch=cfg.train_batch)
     obstacle = model.attention.flex_obstacle(device, True, model.attn_dropout) if backend == "flex" else None
@@ -304,16 +318,7 @@ def time_training(model, loss_fn, cfg: BenchConfig, device, name: str, backend: 
         seconds = median_seconds(train_step_fn(model, loss_fn, cfg, device), cfg.train_steps, cfg.warmup)
     tok_s = cfg.train_batch * cfg.train_len / seconds
     log.info("train %s/%s: %.0f tok/s (%.0f%% of peak)", name, backend, tok_s, 100 * tok_s * flops / peak)
-    return dict(
-        row,
-        tokens_per_s=tok_s,
-        gflop_per_token=flops / 1e9,
-        gflop_per_s=tok_s * flops / 1e9,
-        peak_fraction=tok_s * flops / peak,
-        peak_mem_mb=mem.extra_mb,
-        status="ok",
-        reason="",
-    )
+    return measured(row, tok_s, flops, peak, mem.extra_mb)
 
 
 def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> list[dict]:
@@ -336,18 +341,7 @@ def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, b
             )
         tok_s = length / seconds
         log.info("eval %s/%s at %d: %.0f tok/s, +%.0f MB", name, backend, length, tok_s, mem.extra_mb)
-        rows.append(
-            dict(
-                row,
-                tokens_per_s=tok_s,
-                gflop_per_token=flops / 1e9,
-                gflop_per_s=tok_s * flops / 1e9,
-                peak_fraction=tok_s * flops / peak,
-                peak_mem_mb=mem.extra_mb,
-                status="ok",
-                reason="",
-            )
-        )
+        rows.append(measured(row, tok_s, flops, peak, mem.extra_mb))
     return rows
 
 
