@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from posbench.sweep import LAUNCH_MARK, SWEEP_LOG, data_tag, outcomes
+from posbench.sweep import LAUNCH_MARK, SWEEP_LOG, data_tag, outcomes, record_job
 
 SMOKE = ["experiment=smoke", "device=cpu", "threads=1", "eval_lens=[32]", "eval.splits=[test]"]
 
@@ -64,3 +65,9 @@ def test_a_failed_job_does_not_stop_the_sweep_and_a_relaunch_retries_only_it(tmp
     assert (finished / "results.csv").stat().st_mtime_ns == first_results  # finished job skipped, not rerun
     assert not (failed / "error.txt").exists()
     assert (pd.read_csv(failed / "results.csv")["status"] == "ok").all()
+
+
+def test_a_job_is_named_relative_to_a_relative_sweep_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    record_job(Path("sweep"), tmp_path / "sweep" / "encoding=rope", "boom")  # Hydra: relative sweep, absolute job
+    assert outcomes(Path("sweep")) == (0, ["encoding=rope: boom"])

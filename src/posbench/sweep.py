@@ -75,6 +75,7 @@ def run_job(task, cfg, run_dir: Path, sweep_dir: Path) -> None:
 
 
 def record_job(sweep_dir: Path, run_dir: Path, error: str | None) -> None:
+    run_dir, sweep_dir = run_dir.resolve(), sweep_dir.resolve()  # Hydra makes one absolute, not the other
     job = run_dir.relative_to(sweep_dir) if run_dir.is_relative_to(sweep_dir) else run_dir
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
     append_line(sweep_dir, f"{stamp} failed {job}: {error}" if error else f"{stamp} finished {job}")
