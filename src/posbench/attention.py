@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -169,6 +170,18 @@ def banded_block_mask(seq_len: int, window: int, device: torch.device, block: in
     )
 
 
+def logn_factors(seq_len: int, train_len: int, device=None) -> Tensor:
+    """(seq_len,) query scales of log-n attention scaling: log(n + 1) / log(train_len) at positions
+    n >= train_len, 1 before, so a model is unchanged on the lengths it was trained on.
+
+    Chiang & Cholak, 2022, "Overcoming a Theoretical Limitation of Self-Attention" (arXiv:2202.12172),
+    scale attention logits by log n so that attention does not flatten as n grows; this variant
+    normalises by log(train_len) and applies only past the training length.
+    """
+    n = torch.arange(seq_len, device=device, dtype=torch.float32)
+    return (torch.log(n + 1) / math.log(train_len)).clamp(min=1.0)
+
+
 @dataclass
 class Plan:
     """How every layer of one forward pass attends (shared by the layers, built once per pass)."""
@@ -193,10 +206,12 @@ class Attention:
     q and k (B, H, T, hd); the attention-anatomy probe reads them there (``probes/attention.py``).
     """
 
-    def __init__(self, backend: str, encoding: PositionEncoding):
+    def __init__(self, backend: str, encoding: PositionEncoding, logn_train_len: int | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        self.backend, self.encoding = backend, encoding
+        if logn_train_len is not None and logn_train_len < 2:
+            raise ValueError(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {logn_train_len}")
+        self.backend, self.encoding, self.logn_train_len = backend, encoding, logn_train_len
         self.score_mod = bias_score_mod(encoding)
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
         self._warned: set[str] = set()
@@ -273,6 +288,8 @@ class Attention:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
         """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias."""
         q, k = self.encoding.rotate(q, k)
+        if self.logn_train_len is not None and q.shape[-2] > self.logn_train_len:
+            q = q * logn_factors(q.shape[-2], self.logn_train_len, q.device)[:, None].to(q.dtype)
         if self.observer is not None:
             self.observer(q, k)
         if plan.backend == "flex" and not self.flex_broken:

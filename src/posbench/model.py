@@ -41,6 +41,9 @@ class ModelConfig:
     attention: str = "auto"
     #: Compile the Transformer blocks with torch.compile (state-dict keys stay unchanged).
     compile: bool = False
+    #: Log-n attention scaling (``attention.logn_factors``): queries at positions past the training
+    #: length scaled by log(n + 1) / log(train_len); training itself is unchanged.
+    logn_scaling: bool = False
 
 
 def check_model(cfg: ModelConfig) -> None:
@@ -99,7 +102,7 @@ class LanguageModel(nn.Module):
         self.encoding = build_encoding(
             encoding_cfg, n_heads=cfg.n_heads, head_dim=head_dim, d_model=cfg.d_model, train_len=train_len
         )
-        self.attention = Attention(cfg.attention, self.encoding)
+        self.attention = Attention(cfg.attention, self.encoding, logn_train_len=train_len if cfg.logn_scaling else None)
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self.attention) for _ in range(cfg.n_layers))
