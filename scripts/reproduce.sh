@@ -1,83 +1,60 @@
 #!/usr/bin/env bash
-# The extrapolation study of docs/results.md, end to end:
-#   1. train every encoding with experiment=study (the quick preset without attention dropout,
-#      evaluated non-overlapping on the first 16,384 test tokens at 256..8192 = 1x..32x train_len):
-#      ENCODINGS x SEEDS, then EXTRA_ENCODINGS x EXTRA_SEEDS;
-#   2. evaluate every run again with sliding windows (stride $STRIDE);
-#   3. evaluate every RoPE run with linear / NTK / YaRN context extension x4 and x16;
-#   4. python -m posbench report.
+# The study of docs/results.md, in resumable stages (issue 17).
 #
-# Usage:  scripts/reproduce.sh [DATA_DIR]
-#   (default: the WikiText-2 slice shipped with posbench, the study preset's data=wikitext2_mini;
-#   DATA_DIR, or DATA in the environment, is passed as data.path)
-# Settings, all overridable from the environment:
-#   OUT              outputs/study           where the runs and OUT/report go
-#   ENCODINGS        alibi,rope,sinusoidal,learned,none      trained with every seed in SEEDS
-#   SEEDS            0,1,2
-#   EXTRA_ENCODINGS  every other conf/encoding/*.yaml        trained with EXTRA_SEEDS ("" skips them)
-#   EXTRA_SEEDS      0
-#   EXPERIMENT       study
-#   JOBS             2                       runs at a time, one torch thread each (hydra/launcher=joblib,
-#                                            from the cluster extra; JOBS=1: one run on all threads)
-#   STRIDE           1024                    sliding-window stride (tokens; see the budget below)
-#   SCALINGS         linear,ntk,yarn         RoPE context extensions, each at FACTORS
-#   FACTORS          4,16
-#   TRAIN_ARGS       ""                      extra train overrides, e.g. "train.steps=2" for a dry run
-#   EVAL_ARGS        ""                      extra eval overrides for steps 2 and 3
-# A dry run in seconds: EXPERIMENT=smoke SEEDS=0 ENCODINGS=rope,alibi EXTRA_ENCODINGS=t5 STRIDE=16 FACTORS=4 \
-#   TRAIN_ARGS="train.steps=2 eval_lens=[32,64]" OUT=/tmp/study scripts/reproduce.sh
+# Usage:  scripts/reproduce.sh [STAGE...]        every stage in order when none is named
+#         scripts/reproduce.sh list              the stages and their runs
+#         QUICK=1 scripts/reproduce.sh           the five seed encodings at seed 0, quick preset, then report
 #
-# Time budget on 2 CPU cores (< 2.5 h), measured on this machine (2026-11-29, torch 2.13 CPU):
-# - 40 training steps of the quick preset, ALiBi: 31 s with attention dropout, 24 s without
-#   (experiment=study drops it); two runs side by side with one thread each finish 1.37x sooner
-#   than one after the other with two threads (hence JOBS=2).
-# - Non-overlapping test evaluation of 16,384 tokens: ~3 s at 256..1024, 5 s at 2048, 12 s at
-#   4096 (FIRE 18 s), ~25 s at 8192. Sliding windows of L advancing by S over N = 16,384 tokens
-#   cost ~((N - L)/S + 1) x L/N times that: ~110 s per run at S = 1024 (S = 128 is ~8x that).
-# Measured with these defaults (docs/results.md, 2026-11-29): training 20 runs 75 min, sliding
-# 35 min, RoPE scalings (3 runs x 6 variants x 6 lengths) 12 min, report < 1 min: 122 min.
-# Every encoding at 3 seeds (EXTRA_SEEDS=0,1,2: 10 more runs, the slower bias encodings among
-# them) adds ~55 min: ~3 h, over the 2.5 h budget.
-# Those times predate two later changes to experiment=study: it now runs the four probes after each
-# training (10-25 min per run on 2 shared cores, measured 2026-11-30 by scripts/context_probes.sh),
-# and precision=auto trains in bf16 on a CPU with native bf16. Neither is re-timed yet (issue 17);
-# TRAIN_ARGS="probes=[] precision=fp32" scripts/reproduce.sh runs the study as it was timed.
-# Interrupted? Run it again: finished training runs are skipped; evaluations are redone.
+# Stages (each a list of runs; a run is trained, evaluated and probed by `posbench train`):
+#   seed0 seed1 seed2   every encoding of conf/encoding at that seed, experiment=study
+#   remedies            rope, sinusoidal, learned, none at seed 0 with each training-side remedy:
+#                       mixed lengths (random and curriculum order) and randomized positions
+#   lengths             alibi, rope, none, sinusoidal at train_len 64, 128 and 512 (seed 0; 256 is seed0's),
+#                       evaluated out to 32x, capped at 16,384, with tokens per step kept at 4 x 256
+#   evals               on finished runs: sliding windows (stride $STRIDE), RoPE context extension
+#                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
+#                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
+#   report              python -m posbench report on each stage folder and on the whole study
+# A stage name may name one part of its group: seed0.2 is seed0's runs 5..8 (PART runs a part), sized so
+# that a part finishes in one sitting on 2 CPU cores; `list` shows the parts.
+#
+# Resumable: a finished run is skipped, a killed one continues from its last.pt (train.resume=auto);
+# evaluations are redone. Run folders: $OUT/<stage>/<run name>.
+#
+# Settings, from the environment:
+#   OUT        outputs/study    where the runs and the reports go
+#   PART       4                runs per part of a stage
+#   JOBS       2                runs at a time (threads=1 each on a CPU); on one GPU, more (e.g. 14)
+#   DEVICE     auto             passed as device= to every command
+#   STRIDE     256              sliding-window stride of the evals stage (tokens)
+#   TRAIN_ARGS ""               extra train overrides, e.g. "train.steps=2 probes=[]" for a dry run
+#   EVAL_ARGS  ""               extra eval overrides
+#   DATA       (the shipped slice)   a WikiText-2 folder, passed as data.path
+#
+# Compute: docs/results.md ("How it was run") states what each stage took and on which machine.
 set -euo pipefail
 
-DATA=${1:-${DATA:-}}
-DATA_ARGS=()
-[[ -z "$DATA" ]] || DATA_ARGS=("data.path=$(realpath "$DATA")")
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-outputs/study}
-ENCODINGS=${ENCODINGS:-alibi,rope,sinusoidal,learned,none}
-SEEDS=${SEEDS:-0,1,2}
-all_encodings() { for file in conf/encoding/*.yaml; do basename "$file" .yaml; done; }
-# every encoding of conf/encoding that ENCODINGS leaves out
-EXTRA_ENCODINGS=${EXTRA_ENCODINGS-$(all_encodings | awk -v skip=",${ENCODINGS}," '!index(skip, "," $0 ",")' \
-    | paste -sd, -)}
-EXTRA_SEEDS=${EXTRA_SEEDS:-0}
-EXPERIMENT=${EXPERIMENT:-study}
 JOBS=${JOBS:-2}
-STRIDE=${STRIDE:-1024}
-SCALINGS=${SCALINGS:-linear,ntk,yarn}
-FACTORS=${FACTORS:-4,16}
+DEVICE=${DEVICE:-auto}
+STRIDE=${STRIDE:-256}
+QUICK=${QUICK:-0}
+PART=${PART:-4}
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
-if (( JOBS > 1 )); then
-    LAUNCH=(hydra/launcher=joblib "hydra.launcher.n_jobs=${JOBS}" threads=1)
-    EVAL_THREADS=(threads=1)
-else
-    LAUNCH=()
-    EVAL_THREADS=()
-fi
+COMMON=("device=${DEVICE}")
+[[ -z "${DATA:-}" ]] || COMMON+=("data.path=$(realpath "$DATA")")
+[[ "$DEVICE" == cuda* ]] || (( JOBS == 1 )) || COMMON+=(threads=1)
+ENCODINGS=$(for file in conf/encoding/*.yaml; do basename "$file" .yaml; done)
+CORE="alibi rope sinusoidal learned none"
+REMEDY_ENCODINGS="rope sinusoidal learned none"
 
 start=$(date +%s)
 stamp() { echo "[reproduce] $(( ($(date +%s) - start) / 60 )) min: $*"; }
 
-# Up to JOBS commands at a time, each in its own run folder (two evaluations of one folder
-# would race on its results.csv); any failure fails the script once all have ended.
+# Up to JOBS commands at a time; any failure fails the stage once all have ended.
 failed=0
 spawn() {
     while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=1; done
@@ -85,34 +62,109 @@ spawn() {
 }
 join() {
     while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=1; done
-    (( failed == 0 )) || { echo "[reproduce] an evaluation failed (see above)" >&2; exit 1; }
+    (( failed == 0 )) || { echo "[reproduce] a run failed (its error.txt says why)" >&2; exit 1; }
 }
 
-train() {  # encodings seeds
-    stamp "training $1 x seeds $2 (experiment=${EXPERIMENT}) into ${OUT}"
-    "$PYTHON" -m posbench -m train "encoding=$1" "seed=$2" "experiment=${EXPERIMENT}" \
-        "${DATA_ARGS[@]}" "hydra.sweep.dir=${OUT}" "${LAUNCH[@]}" "${TRAIN_ARGS[@]}"
+# One run of the stage being listed: its folder name, then its train overrides.
+RUNS=()
+train() { RUNS+=("$*"); }
+start_run() {
+    local args
+    read -r -a args <<< "$1"
+    spawn "$PYTHON" -m posbench train "${args[@]:1}" "${COMMON[@]}" "hydra.run.dir=$OUT/$GROUP/${args[0]}" \
+        "${TRAIN_ARGS[@]}"
 }
-train "$ENCODINGS" "$SEEDS"
-[[ -z "$EXTRA_ENCODINGS" ]] || train "$EXTRA_ENCODINGS" "$EXTRA_SEEDS"
 
-runs=()
-for checkpoint in "$OUT"/*/checkpoint.pt; do runs+=("$(dirname "$checkpoint")"); done
+# train_len L trained with 4 x 256 tokens per step, evaluated at L x 1..32 up to 16,384
+at_length() {
+    local lens="" m
+    for m in 1 2 4 8 16 32; do (( $1 * m <= 16384 )) && lens+="${lens:+,}$(( $1 * m ))"; done
+    echo "train_len=$1" "train.batch_size=$(( 1024 / $1 ))" "eval_lens=[${lens}]"
+}
 
-stamp "sliding windows, stride ${STRIDE}: ${#runs[@]} runs"
-for run in "${runs[@]}"; do
-    spawn "$PYTHON" -m posbench eval "checkpoint='${run}'" eval.mode=sliding "eval.stride=${STRIDE}" \
-        "${EVAL_THREADS[@]}" "${EVAL_ARGS[@]}"
-done
-join
+stage_runs() {  # the runs of stage $1, started with train()
+    local encoding seed length
+    case "$1" in
+        seed0 | seed1 | seed2)
+            seed=${1#seed}
+            for encoding in $ENCODINGS; do train "encoding=${encoding},seed=${seed}" experiment=study \
+                "encoding=$encoding" "seed=$seed"; done ;;
+        remedies)
+            for encoding in $REMEDY_ENCODINGS; do
+                train "encoding=${encoding},lengths=random" experiment=study "encoding=$encoding" \
+                    'train.lengths=[64,128,256]' train.length_order=random
+                train "encoding=${encoding},lengths=curriculum" experiment=study "encoding=$encoding" \
+                    'train.lengths=[64,128,256]' train.length_order=curriculum
+                train "encoding=${encoding},randomized_positions=8192" experiment=study "encoding=$encoding" \
+                    encoding.randomized_positions=8192
+            done ;;
+        lengths)
+            for length in 64 128 512; do
+                for encoding in alibi rope none sinusoidal; do
+                    # shellcheck disable=SC2046
+                    train "encoding=${encoding},train_len=${length}" experiment=study "encoding=$encoding" \
+                        $(at_length "$length")
+                done
+            done ;;
+        quick)
+            for encoding in $CORE; do train "encoding=${encoding}" experiment=study "encoding=$encoding" \
+                train.steps=300 train.patience=null 'probes=[context,window]'; done ;;
+        *) echo "[reproduce] unknown stage $1" >&2; exit 2 ;;
+    esac
+}
 
-stamp "RoPE scaling ${SCALINGS} x ${FACTORS}"
-for run in "${runs[@]}"; do
-    grep -q '^rope,' "$run/results.csv" || continue
-    spawn "$PYTHON" -m posbench -m eval "checkpoint='${run}'" "rope.scaling.type=${SCALINGS}" \
-        "rope.scaling.factor=${FACTORS}" "${EVAL_THREADS[@]}" "${EVAL_ARGS[@]}"
-done
-join
+# every evaluation of one finished run, one after another (two in one folder would race)
+run_finished_seed_runs() {
+    local checkpoint
+    for checkpoint in "$OUT"/seed[0-2]/*/checkpoint.pt; do [[ -e "$checkpoint" ]] && dirname "$checkpoint"; done
+    return 0
+}
 
-"$PYTHON" -m posbench report "$OUT"
+report() {
+    local folder
+    for folder in "$OUT"/*/; do
+        [[ "$(basename "$folder")" == report ]] || "$PYTHON" -m posbench report "$folder"
+    done
+    "$PYTHON" -m posbench report "$OUT"
+}
+
+# STAGE is a group (seed0, remedies, evals, ...) or one part of it (seed0.2: its runs 5..8 at PART=4)
+run_stage() {
+    local group=${1%%.*} part="" first count item
+    [[ "$1" == *.* ]] && part=${1#*.}
+    GROUP=$group
+    stamp "stage $1 into $OUT/$group"
+    if [[ "$group" == report ]]; then report; stamp "stage $1 done"; return; fi
+    RUNS=()
+    if [[ "$group" == evals ]]; then mapfile -t RUNS < <(finished_seed_runs); else stage_runs "$group"; fi
+    first=0 count=${#RUNS[@]}
+    if [[ -n "$part" ]]; then first=$(( (part - 1) * PART )) count=$PART; fi
+    for item in "${RUNS[@]:first:count}"; do
+        if [[ "$group" == evals ]]; then spawn run_evals "$item"; else start_run "$item"; fi
+    done
+    join
+    stamp "stage $1 done"
+}
+
+if [[ "${1:-}" == list ]]; then
+    for group in seed0 seed1 seed2 remedies lengths quick; do
+        RUNS=()
+        stage_runs "$group"
+        for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done
+    done
+    echo "evals.N  the evaluations of finished seed runs N*PART-PART+1..N*PART; report"
+    exit 0
+fi
+if [[ "${1:-}" == list ]]; then
+    train() { echo "  $STAGE/$1: ${*:2}"; }
+    for STAGE in seed0 seed1 seed2 remedies lengths quick; do echo "$STAGE"; stage_runs "$STAGE"; done
+    exit 0
+fi
+if (( QUICK )); then
+    stages=(quick report)
+else
+    stages=("$@")
+    (( ${#stages[@]} )) || stages=(seed0 seed1 seed2 remedies lengths evals report)
+fi
+for stage in "${stages[@]}"; do run_stage "$stage"; done
 stamp "done; wall time $(( $(date +%s) - start )) s"

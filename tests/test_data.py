@@ -230,14 +230,39 @@ def test_make_quick_sweeps_every_conf_encoding_on_the_shipped_slice(clone):
     assert values_of("encoding", [sweep]) == ["rope"] and values_of("data.path", [sweep]) == ["/somewhere"]
 
 
+def reproduce(clone: Path, cwd: Path, *stages: str, **env: str) -> list[list[str]]:
+    """The arguments of each posbench command that ``scripts/reproduce.sh STAGES`` starts, printed instead of run."""
+    command = ["bash", str(clone / "scripts" / "reproduce.sh"), *stages]
+    env = {**os.environ, "PYTHON": "echo", "OUT": str(cwd / "out"), **env}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return sorted(line.split()[2:] for line in done.stdout.splitlines() if line.startswith("-m posbench "))
+
+
 def test_reproduce_trains_every_conf_encoding_on_the_shipped_slice(clone, tmp_path):
-    script = ["bash", str(clone / "scripts" / "reproduce.sh")]
-    sweeps = train_sweeps(script, tmp_path, OUT=str(tmp_path / "out"))
-    main = ["alibi", "rope", "sinusoidal", "learned", "none"]
-    extra = [name for name in ENCODINGS + ["throwaway"] if name not in main]
-    first, second = values_of("encoding", sweeps)
-    assert first == ",".join(main) and names(second) == sorted(extra)
-    assert values_of("experiment", sweeps) == ["study", "study"] and values_of("data.path", sweeps) == []
-    sweeps = train_sweeps([*script, "data"], tmp_path, OUT=str(tmp_path / "out"), ENCODINGS="rope,t5")
-    assert values_of("data.path", sweeps) == [str(tmp_path / "data")] * 2
-    assert names(values_of("encoding", sweeps)[1]) == sorted(set(extra + main) - {"rope", "t5"})
+    commands = reproduce(clone, tmp_path, "seed1")
+    assert [c[0] for c in commands] == ["train"] * len(commands)
+    assert sorted(values_of("encoding", commands)) == sorted(ENCODINGS + ["throwaway"])
+    assert all("experiment=study" in c and "seed=1" in c for c in commands)
+    folders = values_of("hydra.run.dir", commands)
+    assert len(set(folders)) == len(commands) and all(f.startswith(f"{tmp_path}/out/seed1/") for f in folders)
+    assert values_of("data.path", commands) == []
+    (tmp_path / "data").mkdir()
+    commands = reproduce(clone, tmp_path, "seed0", DATA="data")
+    assert values_of("data.path", commands) == [str(tmp_path / "data")] * len(commands)
+
+
+def test_reproduce_quick_is_the_five_seed_encodings_then_report(clone, tmp_path):
+    commands = reproduce(clone, tmp_path, QUICK="1")
+    trained = [c for c in commands if c[0] == "train"]
+    assert sorted(values_of("encoding", trained)) == sorted(["alibi", "rope", "sinusoidal", "learned", "none"])
+    assert [c[0] for c in commands if c[0] != "train"] == ["report", "report"]
+
+
+def test_reproduce_lengths_keep_tokens_per_step_and_evaluate_to_32x_capped(clone, tmp_path):
+    for command in reproduce(clone, tmp_path, "lengths"):
+        [train_len], [batch] = values_of("train_len", [command]), values_of("train.batch_size", [command])
+        [lengths] = values_of("eval_lens", [command])
+        lengths = [int(n) for n in lengths.strip("[]").split(",")]
+        assert int(train_len) * int(batch) == 1024
+        assert lengths == [int(train_len) * m for m in (1, 2, 4, 8, 16, 32) if int(train_len) * m <= 16384]
