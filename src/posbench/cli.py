@@ -30,7 +30,8 @@ commands:
   probe    does a saved run read its context? checkpoint=PATH 'probes=[context,window,copy,attention]'
            (the default: all four; README, "Probes"), probe.targets=N probe.trials=N eval.window=W
   report   DIR: tables (summary.md, summary.csv: mean ± std over seeds) and figures (ppl_vs_length,
-           per_position_loss, training_curves; PNG and SVG) from every run below DIR
+           per_position_loss, training_curves; PNG and SVG) from every run below DIR;
+           DIR compare=ENCODING adds compare.csv: NLL differences against ENCODING with bootstrap CIs
   bench    speed and memory of every encoding x attention backend (bench.csv, bench.md)
 
 Run `python -m posbench COMMAND --help` for a command's options.
@@ -172,13 +173,29 @@ def cmd_report(args: list[str]) -> int:
         prog="python -m posbench report", description="Tables and figures from a folder of runs."
     )
     parser.add_argument("dir", help="a run or multirun folder, searched recursively for results.csv")
+    parser.add_argument(
+        "compare",
+        nargs="?",
+        metavar="compare=ENCODING",
+        help="compare every model with ENCODING: NLL differences on the same articles, bootstrap CIs",
+    )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     ns = parser.parse_args(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors(ns.debug):
-        out = report(ns.dir)
+        out = report(ns.dir, compare=compare_option(ns.compare))
     print(f"report written to {out}")
     return 0
+
+
+def compare_option(word: str | None) -> str | None:
+    """The ENCODING of the ``compare=ENCODING`` word after ``report DIR`` (None without one)."""
+    if word is None:
+        return None
+    key, _, encoding = word.partition("=")
+    if key != "compare" or not encoding:
+        raise PosbenchError(f"report takes DIR and compare=ENCODING, not {word!r}")
+    return encoding
 
 
 def cmd_bench(args: list[str]) -> int:

@@ -1,5 +1,8 @@
 """Word-level WikiText: whitespace tokens, ``<eos>`` at every line end, vocabulary from train.
 
+Articles: a title line (stripped ``= Title =``, one ``=`` each side; ``= = Section = =`` is not one) starts
+an article. Text before a split's first title belongs to the first title's article, article 0.
+
 Three sources, the first one set wins: ``data.path``, a local folder with ``train.txt``/``valid.txt``/
 ``test.txt`` (or ``wiki.{train,valid,test}.tokens``); ``data.shipped``, such a folder shipped inside
 posbench (``posbench/datasets/``); else the Hugging Face dataset.
@@ -10,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Iterable, Optional
@@ -43,17 +46,45 @@ class DataConfig:
 class Corpus:
     vocab: list[str]
     splits: dict[str, Tensor]  # split -> 1-D LongTensor of token ids
+    #: split -> the index of each article's first token (the first is 0); a split not listed is one article.
+    article_starts: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
+
+    def article_ids(self, split: str, n_tokens: int) -> Tensor:
+        """The article of each of the first ``n_tokens`` tokens of ``split``: (n_tokens,) int64, from 0."""
+        starts = self.article_starts.get(split, torch.zeros(1, dtype=torch.long))
+        return torch.searchsorted(starts, torch.arange(n_tokens), right=True) - 1
 
 
 def tokenize(lines: Iterable[str]) -> list[str]:
     return [word for line in lines for word in line.split() + [EOS]]
 
 
+def is_title(line: str) -> bool:
+    """An article title: ``= Title =`` with one ``=`` each side (not a ``= = Section = =`` heading)."""
+    text = line.strip()
+    if len(text) < 3 or text[0] != "=" or text[-1] != "=":
+        return False
+    inner = text[1:-1].strip()
+    return bool(inner) and inner[0] != "=" and inner[-1] != "="
+
+
+def article_starts(lines: Iterable[str]) -> list[int]:
+    """The token index at which each article begins, as ``tokenize`` numbers tokens: 0, then every title
+    after the first (the first title's article is article 0, with whatever text precedes it)."""
+    titles, position = [], 0
+    for line in lines:
+        if is_title(line):
+            titles.append(position)
+        position += len(line.split()) + 1  # + <eos>
+    return [0, *titles[1:]]
+
+
 def build_corpus(lines_by_split: dict[str, Iterable[str]]) -> Corpus:
+    lines_by_split = {split: list(lines) for split, lines in lines_by_split.items()}  # read twice
     words = {split: tokenize(lines) for split, lines in lines_by_split.items()}
     index: dict[str, int] = {}
     for word in words["train"]:
@@ -61,7 +92,8 @@ def build_corpus(lines_by_split: dict[str, Iterable[str]]) -> Corpus:
     index.setdefault(UNK, len(index))  # words unseen in train (only in data slices) map here
     unk = index[UNK]
     splits = {split: torch.tensor([index.get(w, unk) for w in ws], dtype=torch.long) for split, ws in words.items()}
-    return Corpus(vocab=list(index), splits=splits)
+    starts = {split: torch.tensor(article_starts(lines), dtype=torch.long) for split, lines in lines_by_split.items()}
+    return Corpus(vocab=list(index), splits=splits, article_starts=starts)
 
 
 def shipped_folder(name: str) -> Path:

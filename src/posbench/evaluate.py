@@ -9,6 +9,9 @@ window gives (the first window scores all its targets).
   early targets of every window see little context.
 * ``sliding``: stride S < eval_len; after the first window every target sees at least
   eval_len - S tokens of context. S = eval_len is exactly ``nonoverlapping``.
+
+Beside results.csv, the same scoring pass gives per_position.csv (mean NLL at each window position)
+and per_article.csv (summed NLL of each article's targets, a target counting for the article it is in).
 """
 
 from __future__ import annotations
@@ -72,14 +75,33 @@ PER_POSITION_COLUMNS = [
     "count",
     "precision",
 ]
+PER_ARTICLE = "per_article.csv"
+#: A measurement's rows are replaced whole: its number of articles changes with eval.max_tokens.
+PER_ARTICLE_KEYS = RESULT_KEYS
+PER_ARTICLE_COLUMNS = [
+    "encoding",
+    "variant",
+    "train_len",
+    "seed",
+    "split",
+    "eval_mode",
+    "stride",
+    "eval_len",
+    "article",
+    "tokens",
+    "nll_sum",
+    "precision",
+]
 
 
 @dataclass
 class Score:
-    """Summed NLL and number of scored targets at each window position, both (eval_len,)."""
+    """Summed NLL and number of scored targets at each window position, both (eval_len,), and the NLL of
+    every target of the split, (n_targets,)."""
 
     nll_sum: Tensor  # float64
     count: Tensor  # int64
+    target_nll: Tensor  # float64
 
     @property
     def tokens(self) -> int:
@@ -117,6 +139,7 @@ def score_windows(model: LanguageModel, tokens: Tensor, eval_len: int, stride: i
     model.eval()
     nll_sum = torch.zeros(eval_len, dtype=torch.float64)
     count = torch.zeros(eval_len, dtype=torch.int64)
+    target_nll = torch.full((len(tokens) - 1,), math.nan, dtype=torch.float64)  # unscored: NaN, never a silent 0
     by_length: dict[int, list[tuple[int, int]]] = {}  # windows of one length batch together
     for start, length, first in windows(len(tokens) - 1, eval_len, stride):
         by_length.setdefault(length, []).append((start, first))
@@ -130,7 +153,9 @@ def score_windows(model: LanguageModel, tokens: Tensor, eval_len: int, stride: i
             scored = torch.arange(length)[None, :] >= torch.tensor([f for _, f in batch])[:, None]  # (B, length)
             nll_sum[:length] += (nll * scored).sum(0)
             count[:length] += scored.sum(0)
-    return Score(nll_sum, count)
+            target = torch.tensor([s for s, _ in batch])[:, None] + torch.arange(length)  # (B, length)
+            target_nll[target[scored]] = nll[scored]
+    return Score(nll_sum, count, target_nll)
 
 
 def score_nonoverlapping(model: LanguageModel, tokens: Tensor, eval_len: int, batch_tokens: int, device) -> Score:
@@ -164,6 +189,14 @@ def per_position_rows(score: Score, exact: int, bucket: int) -> pd.DataFrame:
     return df.assign(nll=df["nll_sum"] / df["count"])[["position", "nll", "count"]]
 
 
+def per_article_rows(score: Score, article: Tensor) -> pd.DataFrame:
+    """Scored targets and their summed NLL per article; ``article`` holds each target's article, (n_targets,)."""
+    n_articles = int(article.max()) + 1
+    nll_sum = torch.zeros(n_articles, dtype=torch.float64).index_add_(0, article, score.target_nll)
+    tokens = torch.bincount(article, minlength=n_articles)
+    return pd.DataFrame({"article": range(n_articles), "tokens": tokens.numpy(), "nll_sum": nll_sum.numpy()})
+
+
 def read_mergeable(path: Path, keys: list[str]) -> pd.DataFrame | None:
     """The rows of ``path`` that a merge keeps (None: no file); a file that cannot be merged is one line."""
     if not path.is_file():
@@ -184,6 +217,7 @@ def check_mergeable(run_dir: Path) -> None:
     """Before anything is measured: the run folder's result files take new rows (nothing is half-merged later)."""
     read_mergeable(Path(run_dir) / RESULTS, RESULT_KEYS)
     read_mergeable(Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
+    read_mergeable(Path(run_dir) / PER_ARTICLE, PER_ARTICLE_KEYS)
 
 
 def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
@@ -197,6 +231,12 @@ def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
         new = pd.concat([old[~key(old).isin(set(key(new)))], new], ignore_index=True)
     write_csv(new, path)
     return new
+
+
+def merge_frames(frames: list[pd.DataFrame], columns: list[str], path: Path, keys: list[str]) -> None:
+    """``merge_csv`` of ``frames`` concatenated, if there are any."""
+    if frames:
+        merge_csv(pd.concat(frames, ignore_index=True)[columns], path, keys)
 
 
 def variant_of(encoding_cfg, window: int | None = None) -> str:
@@ -223,7 +263,8 @@ def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: i
 
 
 def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
-    """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv``.
+    """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv`` and
+    the per-article loss to ``run_dir/per_article.csv``.
 
     With ``eval.window`` W, attention sees only each query's last W keys (the window counterfactual).
     """
@@ -248,9 +289,10 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
         run_dir=str(run_dir),
         precision=model.precision,
     )
-    rows, positions = [], []
+    rows, positions, articles = [], [], []
     for split in e.splits:
         tokens = corpus.splits[split][: e.max_tokens]
+        target_article = corpus.article_ids(split, len(tokens))[1:]
         reference = unigram_ppl(corpus.splits["train"], tokens[1:], corpus.vocab)
         for eval_len in eval_lens_of(cfg):
             stride = min(e.stride, eval_len) if e.mode == "sliding" else eval_len
@@ -277,7 +319,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
                 )
             )
             positions.append(per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where))
-    if positions:
-        per_position = pd.concat(positions, ignore_index=True)[PER_POSITION_COLUMNS]
-        merge_csv(per_position, Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
+            articles.append(per_article_rows(score, target_article).assign(**where))
+    merge_frames(positions, PER_POSITION_COLUMNS, Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
+    merge_frames(articles, PER_ARTICLE_COLUMNS, Path(run_dir) / PER_ARTICLE, PER_ARTICLE_KEYS)
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

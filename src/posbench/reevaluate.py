@@ -3,8 +3,8 @@
 The run's own config (from its checkpoint) is the starting point; only the keys given on
 the command line replace it. An encoding's evaluation-time options are set under its name
 (``rope.scaling.*`` becomes the encoding's ``scaling``). Rows
-go to the run's results.csv and per_position.csv, replacing rows with the same split,
-eval_len, eval_mode, stride and variant; ``hydra.run.dir=DIR`` writes to DIR instead.
+go to the run's results.csv, per_position.csv and per_article.csv, replacing rows with the same
+split, eval_len, eval_mode, stride, variant and precision; ``hydra.run.dir=DIR`` writes to DIR instead.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row), summary.csv
 (mean and std over seeds), summary.md, and ppl_vs_length, per_position_loss and training_curves
 as PNG and SVG; where runs have probe CSVs, probes.csv (derived numbers per run), their tables in
-summary.md and their figures. ``collect`` reads, ``tables`` and ``probes`` compute, ``figures`` and
-``probe_figures`` draw.
+summary.md and their figures; with ``compare=ENCODING``, compare.csv (paired differences in NLL against that
+encoding, with bootstrap CIs) and its tables in summary.md. ``collect`` reads, ``tables``, ``probes`` and
+``compare`` compute, ``figures`` and ``probe_figures`` draw.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import PosbenchError
+from ..evaluate import PER_ARTICLE
 from ..io import write_csv, write_text
 from ..probes.suite import IDENTITY
 from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results, collect_runs
+from .compare import compare_markdown, compare_runs
 from .figures import draw_figures, encoding_colours
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
@@ -28,8 +31,9 @@ from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_s
 __all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
 
 
-def report(root: Path) -> Path:
-    """Write DIR/report/: results.csv (every row), summary.csv (mean, std per point), summary.md, figures.
+def report(root: Path, compare: str | None = None) -> Path:
+    """Write DIR/report/: results.csv (every row), summary.csv (mean, std per point), summary.md, figures;
+    compare.csv with ``compare`` (the reference encoding).
 
     All or nothing: the files are built beside DIR/report and replace it only once all are written.
     """
@@ -40,6 +44,7 @@ def report(root: Path) -> Path:
     results = normalise(runs.rows(RESULTS))
     summary = aggregate(results)
     probes = probe_numbers(runs.reported)
+    compared = compare_runs(runs, compare, root) if compare else None
     out = root / REPORT_DIR
     with replacing(out) as building:
         write_csv(results, building / "results.csv")
@@ -48,7 +53,12 @@ def report(root: Path) -> Path:
             write_csv(probes, building / "probes.csv")
         shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
         shown_probes = probe_markdown(unlabelled_single_precision(probes, results) if len(probes) else probes)
-        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, shown_probes)
+        shown_compare = []
+        if compared is not None:
+            write_csv(compared, building / "compare.csv")
+            uncompared = sum(PER_ARTICLE not in run.tables for run in runs.reported)
+            shown_compare = compare_markdown(unlabelled_single_precision(compared, results), compare, uncompared)
+        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, [*shown_compare, *shown_probes])
         write_text(markdown, building / "summary.md")
         draw_figures(runs, shown, shown_summary, splits(results)[0], building)
         draw_probe_figures(runs, encoding_colours(results["encoding"]), building, results)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PosbenchError
-from ..evaluate import PER_POSITION
+from ..evaluate import PER_ARTICLE, PER_POSITION
 from ..io import ERROR_FILE
 from ..probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
 
@@ -43,6 +43,7 @@ RUN_CSVS = {
         "encoding_params",
     ),
     PER_POSITION: ("train_len", "seed", "stride", "eval_len", "position", "nll", "count"),
+    PER_ARTICLE: ("train_len", "seed", "stride", "eval_len", "article", "tokens", "nll_sum"),
     TRAIN_LOG: ("tokens", "valid_loss"),
     CONTEXT_CSV: ("train_len", "seed", "context", "targets", "nll", "nll_se", "ppl"),
     COPY_CSV: ("train_len", "seed", "distance", "trials", "nll_copy", "nll_baseline", "gain", "accuracy"),
