@@ -14,7 +14,8 @@
 #   evals               on finished runs: sliding windows (stride $STRIDE), RoPE context extension
 #                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
 #                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
-#   report              python -m posbench report on each stage folder and on the whole study
+#   report              python -m posbench report on each stage folder, and on the whole study with paired
+#                       comparisons against $COMPARE (default alibi)
 # A stage name may name one part of its group: seed0.2 is seed0's runs 5..8 (PART runs a part), sized so
 # that a part finishes in one sitting on 2 CPU cores; `list` shows the parts.
 #
@@ -42,6 +43,7 @@ DEVICE=${DEVICE:-auto}
 STRIDE=${STRIDE:-256}
 QUICK=${QUICK:-0}
 PART=${PART:-4}
+COMPARE=${COMPARE:-alibi}
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
 COMMON=("device=${DEVICE}")
@@ -125,7 +127,7 @@ report() {
     for folder in "$OUT"/*/; do
         [[ "$(basename "$folder")" == report ]] || "$PYTHON" -m posbench report "$folder"
     done
-    "$PYTHON" -m posbench report "$OUT"
+    "$PYTHON" -m posbench report "$OUT" "compare=${COMPARE}"
 }
 
 # STAGE is a group (seed0, remedies, evals, ...) or one part of it (seed0.2: its runs 5..8 at PART=4)
