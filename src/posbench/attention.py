@@ -10,8 +10,17 @@
 A dense bias grows as T²: past ``MASK_BUDGET`` bytes the eager and sdpa backends build it
 for one block of queries at a time, so memory stays linear in the sequence length.
 
-``Attention.windowed(W)`` limits every query to its last W keys (the window counterfactual,
-``eval.window``): a banded causal mask in eager and sdpa, a banded BlockMask in flex.
+Evaluation-time variants of attention (``Attention.evaluated_as``), for any encoding:
+
+* ``window`` W (``eval.window``): every query attends to its last W keys (the window counterfactual);
+* ``blockwise`` W (``eval.blockwise``): blockwise causal attention (Sun et al., 2022, arXiv:2212.10554,
+  used there with xPos at inference): positions are cut into blocks of W and every query attends to
+  the keys of its own block and of the previous one;
+* ``temperature`` tau (``eval.attn_temperature``): q·kᵀ/√d multiplied by tau (Wang et al., 2024,
+  arXiv:2404.12224, scale λ·q·kᵀ/√d as there); the encoding's bias is not scaled.
+
+Window and blockwise both give every query a first visible key (``oldest_key``): a causal mask cut
+there in eager and sdpa, a BlockMask of the same rule in flex.
 """
 
 from __future__ import annotations
@@ -35,16 +44,34 @@ BACKENDS = ("auto", "sdpa", "flex", "eager")
 MASK_BUDGET = 256 * 2**20
 
 
-def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
+def oldest_key(q_pos, window: int | None = None, blockwise: int | None = None):
+    """The first key position that query position ``q_pos`` (an int or an integer tensor) attends to;
+    0 or less: every key before it. Never decreases with q.
+
+    ``window`` W: its last W keys, itself included. ``blockwise`` W: the keys of its own block
+    [W·b, W·(b+1)) and of the previous block, b = q // W. Both: the keys both allow.
+    """
+    by_window = q_pos * 0 if window is None else q_pos - window + 1
+    by_block = q_pos * 0 if blockwise is None else (q_pos // blockwise - 1) * blockwise
+    return torch.maximum(by_window, by_block) if isinstance(q_pos, Tensor) else max(by_window, by_block)
+
+
+def causal_mask(
+    encoding: PositionEncoding,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    window: int | None = None,
+    blockwise: int | None = None,
+) -> Tensor:
     """Float mask (1, H, Q, K) — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
 
-    With ``window`` W, also -inf where k ≤ q - W: each query sees its last W keys (itself included).
+    With ``window`` or ``blockwise``, also -inf before each query's ``oldest_key``.
     Built in fp32 (bias at large distances loses precision in bf16). The leading 1 matters:
     SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
     """
     hidden = k_pos[None, :] > q_pos[:, None]  # (Q, K)
-    if window is not None:
-        hidden |= k_pos[None, :] <= q_pos[:, None] - window
+    if window is not None or blockwise is not None:
+        hidden |= k_pos[None, :] < oldest_key(q_pos, window, blockwise)[:, None]
     bias = (
         encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *hidden.shape, device=q_pos.device)
     )
@@ -142,30 +169,32 @@ def causal_block_mask(seq_len: int, device: torch.device, block: int = FLEX_BLOC
     )
 
 
-def banded(window: int):
-    """Flex ``mask_mod`` of a causal window: query q sees keys q - window + 1 .. q."""
+def reaching(window: int | None, blockwise: int | None):
+    """Flex ``mask_mod``: query q sees keys ``oldest_key(q)`` .. q."""
 
     def mask_mod(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+        return (q_idx >= kv_idx) & (kv_idx >= oldest_key(q_idx, window, blockwise))
 
     return mask_mod
 
 
-def banded_block_mask(seq_len: int, window: int, device: torch.device, block: int = FLEX_BLOCK):
-    """Flex's BlockMask of a causal window, written down directly like ``causal_block_mask``: query
+def reaching_block_mask(
+    seq_len: int, window: int | None, blockwise: int | None, device: torch.device, block: int = FLEX_BLOCK
+):
+    """Flex's BlockMask of ``reaching``, written down directly like ``causal_block_mask``: query
     block i sees key blocks from the one holding its first query's oldest key up to i, each
-    through ``banded`` (so no T×T grid is ever evaluated)."""
+    through ``reaching`` (so no T×T grid is ever evaluated)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     n = -(-seq_len // block)
     rows = torch.arange(n, device=device, dtype=torch.int32)
-    lowest = (rows * block - window + 1).clamp(min=0) // block  # (n,)
+    lowest = oldest_key(rows * block, window, blockwise).clamp(min=0) // block  # (n,)
     indices = (lowest[:, None] + rows[None, :]).clamp(max=n - 1)  # (n, n): row i's first i - lowest + 1 are used
     return BlockMask.from_kv_blocks(
         (rows - lowest + 1)[None, None],
         indices[None, None].contiguous(),
         BLOCK_SIZE=block,
-        mask_mod=banded(window),
+        mask_mod=reaching(window, blockwise),
         seq_lengths=(seq_len, seq_len),
     )
 
@@ -192,7 +221,9 @@ class Plan:
     mask: Tensor | None = None  # full (1, H|1, T, T) mask; None: causal flag, flex, or query blocks
     block_mask: object = None  # flex's BlockMask
     query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
-    window: int | None = None  # keys each query sees (``Attention.windowed``); None: all before it
+    # Each query's oldest key (``oldest_key``; ``Attention.evaluated_as``); both None: all before it.
+    window: int | None = None
+    blockwise: int | None = None
 
 
 class Attention:
@@ -216,17 +247,27 @@ class Attention:
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
         self._warned: set[str] = set()
         self._cache: dict[tuple, object] = {}
-        self.window: int | None = None  # set by ``windowed``
+        # Evaluation-time variants, set by ``evaluated_as``; None: as trained.
+        self.window: int | None = None
+        self.blockwise: int | None = None
+        self.temperature: float | None = None
         self.observer: Callable[[Tensor, Tensor], None] | None = None
 
     @contextlib.contextmanager
-    def windowed(self, window: int | None):
-        """Within the block, every query attends to its last ``window`` keys only (``None``: all)."""
-        previous, self.window = self.window, window
+    def evaluated_as(self, window: int | None = None, blockwise: int | None = None, temperature: float | None = None):
+        """Within the block, attend as an evaluation-time variant asks (module docstring; ``None``: as
+        trained): each query sees its last ``window`` keys, or its own and the previous block of
+        ``blockwise`` positions; ``temperature`` multiplies q·kᵀ/√d."""
+        previous = self.window, self.blockwise, self.temperature
+        self.window, self.blockwise, self.temperature = window, blockwise, temperature
         try:
             yield
         finally:
-            self.window = previous
+            self.window, self.blockwise, self.temperature = previous
+
+    def windowed(self, window: int | None):
+        """``evaluated_as`` with a window only (no blocks, no temperature): each query sees its last ``window`` keys."""
+        return self.evaluated_as(window=window)
 
     def flex_obstacle(self, device: torch.device, needs_grad: bool, dropout_p: float) -> str | None:
         """Why flex cannot serve this pass, or ``None`` if it can."""
@@ -258,26 +299,29 @@ class Attention:
 
     def plan(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> Plan:
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
-        window = self.window if self.window is not None and self.window < seq_len else None  # wider: plain causal
+        # A limit that cuts no key at this length (the last query sees key 0) is plain causal attention.
+        limited = oldest_key(seq_len - 1, self.window, self.blockwise) > 0
+        reach = dict(window=self.window, blockwise=self.blockwise) if limited else {}
         if backend == "flex":
             padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
-            if window is None:
+            if not limited:
                 block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
             else:
-                key = ("block", padded, device, window)
-                block_mask = self.cached(key, lambda: banded_block_mask(padded, window, device))
+                key = ("block", padded, device, self.window, self.blockwise)
+                block_mask = self.cached(key, lambda: reaching_block_mask(padded, device=device, **reach))
             return Plan("flex", seq_len, block_mask=block_mask)
-        if backend == "sdpa" and not self.encoding.has_bias and window is None:
+        if backend == "sdpa" and not self.encoding.has_bias and not limited:
             return Plan("sdpa", seq_len, dropout_p)  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
         if heads * seq_len * seq_len * 4 > MASK_BUDGET:
             query_block = max(1, MASK_BUDGET // (4 * heads * seq_len))
-            return Plan(backend, seq_len, dropout_p, query_block=query_block, window=window)
+            return Plan(backend, seq_len, dropout_p, query_block=query_block, **reach)
         pos = torch.arange(seq_len, device=device)
         if not self.encoding.is_static:  # learned bias: rebuilt every pass so gradients reach it
-            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos, window))
-        mask = self.cached(("mask", seq_len, device, window), lambda: causal_mask(self.encoding, pos, pos, window))
-        return Plan(backend, seq_len, dropout_p, mask=mask)
+            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos, **reach), **reach)
+        key = ("mask", seq_len, device, *reach.values())
+        mask = self.cached(key, lambda: causal_mask(self.encoding, pos, pos, **reach))
+        return Plan(backend, seq_len, dropout_p, mask=mask, **reach)
 
     def cached(self, key: tuple, build):
         if key not in self._cache:
@@ -290,6 +334,8 @@ class Attention:
         q, k = self.encoding.rotate(q, k)
         if self.logn_train_len is not None and q.shape[-2] > self.logn_train_len:
             q = q * logn_factors(q.shape[-2], self.logn_train_len, q.device)[:, None].to(q.dtype)
+        if self.temperature is not None:  # tau·q·kᵀ/√d; the encoding's bias is added unscaled
+            q = q * self.temperature
         if self.observer is not None:
             self.observer(q, k)
         if plan.backend == "flex" and not self.flex_broken:
@@ -323,7 +369,7 @@ class Attention:
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
             e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys lo..e-1
-            lo = 0 if plan.window is None else max(0, s - plan.window + 1)  # older keys: outside every window
-            mask = causal_mask(self.encoding, pos[s:e], pos[lo:e], plan.window)  # (1, H|1, e-s, e-lo)
+            lo = max(0, oldest_key(s, plan.window, plan.blockwise))  # older keys: hidden from every query here
+            mask = causal_mask(self.encoding, pos[s:e], pos[lo:e], plan.window, plan.blockwise)  # (1, H|1, e-s, e-lo)
             out.append(attend(q[:, :, s:e], k[:, :, lo:e], v[:, :, lo:e], mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)

@@ -6,6 +6,7 @@ before any data is read. ``check_config`` adds the checks a type cannot express.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
@@ -70,6 +71,12 @@ class EvalConfig:
     max_tokens: Optional[int] = None
     #: Attend to each query's last W keys only (``null``: all); rows get ``variant=windowW``.
     window: Optional[int] = None
+    #: Blockwise causal attention, as xPos's paper evaluates (Sun et al., 2022): each query attends to the
+    #: keys of its own block of W positions and of the previous block (``null``: all); ``variant=blockwiseW``.
+    blockwise: Optional[int] = None
+    #: Attention temperature tau (Wang et al., 2024): q·kᵀ/√d multiplied by tau, the encoding's bias left
+    #: as it is (``null``: off; above 1 sharpens); rows get ``variant=temp1.2``.
+    attn_temperature: Optional[float] = None
 
 
 @dataclass
@@ -124,8 +131,11 @@ def check_eval(e) -> None:
         raise PosbenchError(
             f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}"
         )
-    if e.window is not None and e.window < 1:
-        raise PosbenchError(f"eval.window must be a positive number of keys or null, got {e.window}")
+    for key, keys in (("window", e.window), ("blockwise", e.blockwise)):
+        if keys is not None and keys < 1:
+            raise PosbenchError(f"eval.{key} must be a positive number of keys or null, got {keys}")
+    if e.attn_temperature is not None and not 0 < e.attn_temperature < math.inf:
+        raise PosbenchError(f"eval.attn_temperature must be a positive number or null, got {e.attn_temperature}")
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
         raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")

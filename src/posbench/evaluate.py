@@ -239,11 +239,15 @@ def merge_frames(frames: list[pd.DataFrame], columns: list[str], path: Path, key
         merge_csv(pd.concat(frames, ignore_index=True)[columns], path, keys)
 
 
-def variant_of(encoding_cfg, window: int | None = None) -> str:
-    """The evaluation-time variant: the encoding's (e.g. ``yarn×4``) and the attention window's
-    (``window256``), joined by ``+``; empty for the model as trained."""
+def variant_of(encoding_cfg, eval_cfg=None) -> str:
+    """The evaluation-time variant: the encoding's (e.g. ``yarn×4``) and the attention's from ``eval_cfg``
+    (``window256``, ``blockwise128``, ``temp1.2``), joined by ``+``; empty for the model as trained."""
     config = encoding_config(encoding_cfg)
-    labels = [ENCODINGS[config.name][1].variant_label(config), "" if window is None else f"window{window}"]
+    labels = [ENCODINGS[config.name][1].variant_label(config)]
+    if eval_cfg is not None:
+        keys = {"window": eval_cfg.window, "blockwise": eval_cfg.blockwise}
+        labels += [f"{name}{value}" for name, value in keys.items() if value is not None]
+        labels.append("" if eval_cfg.attn_temperature is None else f"temp{eval_cfg.attn_temperature:g}")
     return "+".join(label for label in labels if label)
 
 
@@ -266,9 +270,10 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
     """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv`` and
     the per-article loss to ``run_dir/per_article.csv``.
 
-    With ``eval.window`` W, attention sees only each query's last W keys (the window counterfactual).
+    ``eval.window``, ``eval.blockwise`` and ``eval.attn_temperature`` change the attention (``Attention.evaluated_as``).
     """
-    with model.attention.windowed(cfg.eval.window):
+    e = cfg.eval
+    with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature):
         return score_lengths(model, corpus, cfg, device, run_dir)
 
 
@@ -280,7 +285,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
     e = cfg.eval
     base = dict(
         encoding=cfg.encoding.name,
-        variant=variant_of(cfg.encoding, e.window),
+        variant=variant_of(cfg.encoding, e),
         train_len=cfg.train_len,
         eval_mode=e.mode,
         seed=cfg.seed,

@@ -16,7 +16,7 @@ def make(n_heads=2, train_len=8, **options):
 def reference_bias(encoding, T: int) -> torch.Tensor:
     """f_θ(ψ(i−j)/ψ(max(L, i))) per head, query and key, in float64 Python."""
     c = abs(encoding.c.item())
-    L = abs(encoding.threshold_scale.item()) * encoding.init_threshold
+    L = abs(encoding.threshold_scale.item()) * encoding.init_threshold.item()
     w1, b1, w2, b2 = (p.detach().double().tolist() for p in (encoding.w1, encoding.b1, encoding.w2, encoding.b2))
 
     def psi(x):
@@ -65,10 +65,40 @@ def test_initialisation():
     torch.manual_seed(0)
     encoding = make(n_heads=4, train_len=64)
     assert encoding.c.item() == pytest.approx(0.1) and encoding.threshold_scale.item() == 1.0
-    assert encoding.init_threshold == 64.0  # null: the training length
-    assert make(init_threshold=512.0).init_threshold == 512.0
+    assert encoding.init_threshold.item() == 16.0  # null: the paper's 512 for 2048 training tokens, so 64 / 4
+    assert make(init_threshold=512.0).init_threshold.item() == 512.0
     assert encoding.w1.abs().max() <= 1 and encoding.w2.abs().max() <= 32**-0.5  # nn.Linear's U(±1/√fan_in)
     assert encoding.w1.abs().max() > 0.5 and encoding.w2.abs().max() > 0.5 * 32**-0.5
+
+
+def test_training_queries_past_the_default_threshold_take_the_progressive_normaliser():
+    """train_len 64, default init: L = 16, so query 40 of a training sequence is normalised by ψ(40), not ψ(L)."""
+    encoding = make(mlp_width=1, train_len=64)  # c = 0.1, L = 64 / 4
+    with torch.no_grad():  # f(x) = x in head 0, 3x - 1 in head 1: the bias shows the normalised distance
+        encoding.w1.fill_(1.0), encoding.b1.fill_(0.0)
+        encoding.w2.copy_(torch.tensor([[1.0], [3.0]])), encoding.b2.copy_(torch.tensor([0.0, -1.0]))
+    bias = encoding.bias(torch.arange(64), torch.arange(64))
+    for i, j in [(40, 0), (40, 13), (63, 1), (16, 0)]:  # i >= L: ψ(i − j) / ψ(i)
+        x = math.log(0.1 * (i - j) + 1) / (math.log(0.1 * i + 1) + 1e-6)
+        assert bias[0, i, j].item() == pytest.approx(x, rel=1e-5)
+        assert bias[1, i, j].item() == pytest.approx(3 * x - 1, rel=1e-5)
+    assert bias[0, 40, 0].item() == pytest.approx(1.0, rel=1e-5)  # the farthest key of every query past L maps to 1
+    x = math.log(0.1 * 9 + 1) / (math.log(0.1 * 16 + 1) + 1e-6)  # i = 10 < L: ψ(L) normalises
+    assert bias[0, 10, 1].item() == pytest.approx(x, rel=1e-5)
+
+
+def test_a_checkpoint_from_before_the_stored_threshold_keeps_its_training_length():
+    """Runs saved without L₀ started from L₀ = train_len; loading one must not move it to train_len / 4."""
+    saved = make(train_len=64).state_dict()
+    legacy = {k: v for k, v in saved.items() if k != "init_threshold"}
+    encoding = make(train_len=64)
+    encoding.load_state_dict(legacy)
+    assert encoding.init_threshold.item() == 64.0
+    encoding.load_state_dict(saved)
+    assert encoding.init_threshold.item() == 16.0
+    explicit = make(train_len=64, init_threshold=8.0)
+    explicit.load_state_dict(legacy)
+    assert explicit.init_threshold.item() == 8.0  # a configured L₀ meant the same then
 
 
 def test_every_parameter_learns():

@@ -1,9 +1,11 @@
 import math
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
 from posbench.positional import build_encoding
+from posbench.positional.kerple import FLOOR
 
 T = 9
 
@@ -99,6 +101,7 @@ def test_log_parameters_floored_after_a_step_below_zero():
     sgd_step(encoding, loss_sign=-1.0)  # raise the bias: shrink r1 and r2
     assert (encoding.r1 < 0).all() and (encoding.r2 < 0).all()
     torch.testing.assert_close(dense(encoding), expected_log([0.01, 0.01], [0.01, 0.01]))
+    assert encoding.r1.tolist() == encoding.r2.tolist() == [pytest.approx(FLOOR)] * 2  # the use reset them
     dense(encoding).tril().sum().backward()  # still learning at the floor
     assert (encoding.r1.grad != 0).all() and (encoding.r2.grad != 0).all()
 
@@ -115,3 +118,65 @@ def test_power_parameters_bounded_after_steps_out_of_range():
     assert (encoding.p > 2).all()
     a = encoding.a.tolist()
     torch.testing.assert_close(dense(encoding), expected_power(a, [2.0, 2.0]))
+    assert encoding.p.tolist() == [2.0, 2.0] and encoding.a.tolist() == a  # stored p reset to its upper bound
+
+
+def reference_log_kernel_run(r1: list, r2: list, signs: list, lr: float, in_place: bool = True) -> list:
+    """The reference's update (chijames/KERPLE, ParallelKerpleLog) written out with Adam: before each
+    forward the stored values are clamped (``p.data = p.data.clamp(min=eps)``), then the bias
+    -r1·log(1 + r2·d) over the causal distances. ``in_place=False``: the straight-through clamp
+    posbench had before, which never resets the stored values. Stored r1 after each forward."""
+    r1, r2 = torch.nn.Parameter(torch.tensor(r1)), torch.nn.Parameter(torch.tensor(r2))
+    optimizer = torch.optim.Adam([r1, r2], lr=lr)
+    d = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).clamp(min=0).float()  # 0 above the diagonal
+    history = []
+    for sign in signs:
+        if in_place:
+            r1.data, r2.data = r1.data.clamp(min=0.01), r2.data.clamp(min=0.01)
+            a, b = r1, r2
+        else:
+            a, b = (x.detach().clamp(min=0.01) + (x - x.detach()) for x in (r1, r2))
+        bias = -a[:, None, None] * torch.log(1 + b[:, None, None] * d)
+        history.append(r1.detach().clone())
+        (sign * bias.sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return history
+
+
+def test_a_parameter_pushed_past_its_bound_comes_back_as_in_the_reference():
+    """Ten Adam steps push r1 and r2 down past the floor, then the loss pulls them up: the stored values
+    sit on the floor after each forward and follow the reference step by step; the reference is back
+    above 0.1 within 20 steps of the pull, while the old straight-through clamp is still below the floor."""
+    signs, lr = [-1.0] * 10 + [1.0] * 20, 0.1  # -1: raise the bias (shrink r1, r2); +1: lower it
+    encoding = make("kerple_log")
+    set_params(encoding, r1=[0.3, 1.0], r2=[0.2, 0.5])
+    optimizer = torch.optim.Adam(encoding.parameters(), lr=lr)
+    stored = []
+    for sign in signs:
+        bias = dense(encoding)
+        stored.append(encoding.r1.detach().clone())
+        assert (encoding.r1 >= FLOOR).all() and (encoding.r2 >= FLOOR).all()
+        (sign * bias.tril().sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    reference = reference_log_kernel_run([0.3, 1.0], [0.2, 0.5], signs, lr)
+    torch.testing.assert_close(torch.stack(stored), torch.stack(reference), rtol=1e-4, atol=1e-6)
+    assert stored[9][0].item() == pytest.approx(FLOOR) and stored[-1][0].item() > 0.1  # on the floor, then back
+    drifted = reference_log_kernel_run([0.3, 1.0], [0.2, 0.5], signs, lr, in_place=False)
+    assert drifted[9][0].item() < -0.2 and drifted[-1][0].item() < FLOOR  # the difference the reference makes
+
+
+def test_compiled_code_clamps_without_writing_and_keeps_learning():
+    """Compiled code (FlexAttention's score_mod) cannot write to a parameter: the same clamped values with
+    the identity's gradient there; the next eager use resets the stored values."""
+    encoding = make("kerple_log")
+    set_params(encoding, r1=[-0.5, 0.5], r2=[1.0, -2.0])
+    compiled = torch.compile(lambda: dense(encoding).tril().sum(), backend="eager", fullgraph=True)
+    total = compiled()
+    assert encoding.r1[0].item() == -0.5 and encoding.r2[1].item() == -2.0  # nothing written
+    torch.testing.assert_close(total, expected_log([0.01, 0.5], [1.0, 0.01]).tril().sum())
+    total.backward()
+    assert (encoding.r1.grad != 0).all() and (encoding.r2.grad != 0).all()
+    dense(encoding)
+    assert encoding.r1[0].item() == pytest.approx(FLOOR) and encoding.r2[1].item() == pytest.approx(FLOOR)

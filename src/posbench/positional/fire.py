@@ -6,8 +6,12 @@ f_θ an MLP 1 → width → heads (ReLU). Dividing by ψ(i) maps every distance 
 the length ("progressive interpolation"); the threshold L keeps the normaliser from being tiny
 for early queries. c, L and f_θ are learned.
 
-As in the paper's listing: ψ uses |c·x|, L = |s|·L₀ with the multiplier s learned (init 1),
-c starts at 0.1, and the MLP has PyTorch's nn.Linear initialisation.
+Initialised as in the paper's listing: c = 0.1, the MLP 1 → 32 → heads with PyTorch's nn.Linear
+initialisation, and L = |s|·L₀ with the multiplier s learned from 1 and L₀ = 512 for the paper's
+training length of 2,048 tokens. posbench keeps that proportion, L₀ = train_len / 4
+(``init_threshold=null``), so that training queries past L already take the progressive
+normaliser ψ(i) (at L₀ = train_len none would). ψ uses |c·x| and L the magnitude |s·L₀|, as there.
+L₀ is saved with the weights; a checkpoint from before had L₀ = its training length.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from .base import Dimensions, PositionEncoding
 EPS = 1e-6
 #: (query, key) pairs per block in ``bias``: the hidden layer holds width floats per pair.
 PAIRS_PER_BLOCK = 2**20
+#: The paper's initial threshold over its training length: L₀ = 512 for 2,048 tokens.
+PAPER_THRESHOLD_RATIO = 512 / 2048
 
 
 def linear_init(*shape: int, fan_in: int) -> nn.Parameter:
@@ -38,6 +44,12 @@ def linear_init(*shape: int, fan_in: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape).uniform_(-bound, bound))
 
 
+def fill_legacy_threshold(module: FIRE, state_dict: dict, prefix: str, *args) -> None:
+    """Load-time: a checkpoint saved before L₀ was stored started from the training length (or the
+    configured ``init_threshold``), not from the paper's proportion."""
+    state_dict.setdefault(prefix + "init_threshold", torch.tensor(module.legacy_threshold))
+
+
 @dataclass
 class FireConfig:
     name: str = "fire"
@@ -45,8 +57,8 @@ class FireConfig:
     mlp_width: int = 32
     #: Initial c in ψ(x) = log(c·x + 1).
     init_c: float = 0.1
-    #: Initial threshold L (``null``: the training length). Any L ≤ train_len lets training cover
-    #: ψ-ratios over all of [0, 1], the range every longer evaluation maps into.
+    #: Initial threshold L₀ (``null``: train_len / 4, the paper's 512 at its training length 2,048): training
+    #: queries past it take the progressive normaliser ψ(i) that every longer evaluation relies on.
     init_threshold: Optional[float] = None
 
 
@@ -55,13 +67,15 @@ class FIRE(PositionEncoding):
 
     def __init__(self, cfg: FireConfig, dims: Dimensions):
         super().__init__(dims)
-        init_threshold = dims.train_len if cfg.init_threshold is None else cfg.init_threshold
+        init_threshold = dims.train_len * PAPER_THRESHOLD_RATIO if cfg.init_threshold is None else cfg.init_threshold
         checks = {"mlp_width": cfg.mlp_width >= 1, "init_c": cfg.init_c > 0, "init_threshold": init_threshold > 0}
         for key, ok in checks.items():
             if not ok:
                 raise ValueError(f"encoding.{key} must be positive, got {getattr(cfg, key)}")
         self.c = nn.Parameter(torch.tensor(float(cfg.init_c)))
-        self.init_threshold = float(init_threshold)
+        self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))  # L₀, saved with the weights
+        self.legacy_threshold = float(dims.train_len if cfg.init_threshold is None else cfg.init_threshold)
+        self.register_load_state_dict_pre_hook(fill_legacy_threshold)
         self.threshold_scale = nn.Parameter(torch.tensor(1.0))
         self.w1 = linear_init(cfg.mlp_width, fan_in=1)  # (W,): the input is one scalar
         self.b1 = linear_init(cfg.mlp_width, fan_in=1)  # (W,)

@@ -9,6 +9,8 @@ scalars per head:
 Initialisation and bounds follow the authors' code (github.com/chijames/KERPLE,
 ``ParallelKerpleLog`` and the power variant beside it): the outer scale (r1, resp. the
 exponent p) uniform in (0, 2), the inner one (r2, resp. a) uniform in (0, 1), eps = 1e-2.
+So does the way the bounds hold: before each use the stored parameters are clamped in place
+(``bounded``), so a parameter that an optimizer step pushes past a bound starts again from it.
 """
 
 from __future__ import annotations
@@ -24,14 +26,19 @@ from .base import Dimensions, PositionEncoding
 FLOOR = 1e-2
 
 
-def bounded(x: Tensor, low: float, high: float | None = None) -> Tensor:
-    """x clamped into [low, high] with the gradient of the identity.
+def bounded(p: nn.Parameter, low: float, high: float | None = None) -> Tensor:
+    """``p`` with its stored values clamped into [low, high] in place first, as the reference does
+    before each use (``param.data = param.data.clamp(...)``): pushed past a bound, a parameter sits
+    on it and its next step starts from there, with the kernel's gradient at the bound.
 
-    The reference clamps the parameter's data in place before each use, so a parameter pushed
-    past a bound sits on it and keeps learning. In-place edits cannot run inside a FlexAttention
-    score_mod; a straight-through clamp gives the same values and keeps the gradient flowing.
+    Compiled code (FlexAttention's score_mod) cannot write to a parameter: there the clamp is
+    straight-through (the same values, the identity's gradient), and the next eager use resets
+    the stored values.
     """
-    return x.detach().clamp(low, high) + (x - x.detach())  # the second term: exactly 0, gradient 1
+    if torch.compiler.is_compiling():
+        return p.detach().clamp(low, high) + (p - p.detach())  # the second term: exactly 0, gradient 1
+    p.data.clamp_(low, high)  # .data: unseen by autograd, so uses earlier in this pass stay valid
+    return p
 
 
 def uniform_per_head(n_heads: int, high: float) -> nn.Parameter:

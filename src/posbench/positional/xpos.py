@@ -2,8 +2,14 @@
 
 RoPE whose rotation pair i is also scaled: queries at position n by ζ_i^(n/B), keys at m by
 ζ_i^(−m/B), with ζ_i = (2i/d + 0.4)/1.4, so the logit of (n, m) carries ζ_i^((n−m)/B), a decay
-with distance that is strongest for the fast-turning pairs. Causal use only (the paper uses
-blockwise causal attention for the bidirectional case).
+with distance that is strongest for the fast-turning pairs. The decay needs n ≥ m: xPos is for
+causal attention (for m > n the factor grows instead).
+
+The paper's extrapolation results pair xPos with blockwise causal attention at inference: each
+query attends to the keys of its own block and of the previous one, never to all of a long
+sequence. That is not part of the encoding: it is ``eval.blockwise=W`` (``attention.py``), which
+applies to any encoding. posbench's xPos rows are "xPos without blockwise attention" unless their
+variant says ``blockwiseW``.
 
 Positions in the scale are centred on the middle of the sequence, as in the authors'
 torchscale code: q·k depends on n − m only, so the shift cancels, and it halves the largest
