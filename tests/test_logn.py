@@ -38,3 +38,20 @@ def test_logn_scaling_with_a_training_length_of_one_is_one_line(compose_config):
     cfg = compose_config("train", ["experiment=smoke", "model.logn_scaling=true", "train_len=1", "eval_lens=[4]"])
     with pytest.raises(PosbenchError, match=r"model\.logn_scaling needs train_len >= 2"):
         check_config(cfg)
+
+
+def test_posbench_eval_with_logn_scaling_on_a_run_trained_without_it(tmp_path, saved_run, compose_config):
+    """Log-n scaling changes no weight: a saved smoke run (train_len 32) evaluated with it gets ``variant=logn``
+    rows, the same numbers at train_len (no query past it) and others at 2x."""
+    import pandas as pd
+
+    from posbench.reevaluate import evaluate_checkpoint, register
+
+    run = saved_run(tmp_path / "run", encoding="rope")
+    register()
+    for extra in ([], ["model.logn_scaling=true"]):
+        overrides = [f"checkpoint={run}", "eval_lens=[32,64]", "eval.max_tokens=600", "eval.splits=[test]", *extra]
+        evaluate_checkpoint(compose_config("eval", overrides), [o.split("=")[0] for o in overrides], run)
+    nll = pd.read_csv(run / "results.csv", keep_default_na=False).set_index(["variant", "eval_len"])["nll"]
+    assert set(nll.index.get_level_values("variant")) == {"", "logn"}
+    assert nll[("logn", 32)] == pytest.approx(nll[("", 32)], rel=1e-6) and nll[("logn", 64)] != nll[("", 64)]

@@ -239,11 +239,14 @@ def merge_frames(frames: list[pd.DataFrame], columns: list[str], path: Path, key
         merge_csv(pd.concat(frames, ignore_index=True)[columns], path, keys)
 
 
-def variant_of(encoding_cfg, eval_cfg=None) -> str:
-    """The evaluation-time variant: the encoding's (e.g. ``yarn×4``) and the attention's from ``eval_cfg``
-    (``window256``, ``blockwise128``, ``temp1.2``), joined by ``+``; empty for the model as trained."""
+def variant_of(encoding_cfg, eval_cfg=None, model_cfg=None) -> str:
+    """The evaluation-time variant: the encoding's (e.g. ``yarn×4``), log-n scaling's (``logn``, from
+    ``model_cfg``) and the attention's from ``eval_cfg`` (``window256``, ``blockwise128``, ``temp1.2``),
+    joined by ``+``; empty for the model as trained."""
     config = encoding_config(encoding_cfg)
     labels = [ENCODINGS[config.name][1].variant_label(config)]
+    if model_cfg is not None and model_cfg.logn_scaling:
+        labels.append("logn")
     if eval_cfg is not None:
         keys = {"window": eval_cfg.window, "blockwise": eval_cfg.blockwise}
         labels += [f"{name}{value}" for name, value in keys.items() if value is not None]
@@ -285,7 +288,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
     e = cfg.eval
     base = dict(
         encoding=cfg.encoding.name,
-        variant=variant_of(cfg.encoding, e),
+        variant=variant_of(cfg.encoding, e, cfg.model),
         train_len=cfg.train_len,
         eval_mode=e.mode,
         seed=cfg.seed,

@@ -36,12 +36,20 @@ OWN_KEYS = ("checkpoint", "debug")
 
 
 @dataclass
+class EvalModelConfig:
+    #: Log-n attention scaling (``model.logn_scaling``): it changes no weight, so a run trained
+    #: without it can be evaluated with it (rows get ``variant=logn``).
+    logn_scaling: bool = False
+
+
+@dataclass
 class EvalCommandConfig:
     #: A checkpoint.pt, or the run folder holding one.
     checkpoint: str = MISSING
     #: ``null``: the run's own lengths.
     eval_lens: Optional[List[int]] = None
     eval: EvalConfig = field(default_factory=EvalConfig)
+    model: EvalModelConfig = field(default_factory=EvalModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     device: str = "auto"
     #: ``auto``, ``fp32`` or ``bf16`` (see ``Config.precision``); like every key, used only when given.

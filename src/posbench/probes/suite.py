@@ -70,7 +70,10 @@ PROBE_RUNNERS = {"context": context, "window": window, "copy": copy, "attention"
 def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> None:
     """Run ``cfg.probes`` on ``model`` and merge their rows into ``out_dir`` (whose lock the caller holds)."""
     identity = dict(
-        encoding=cfg.encoding.name, variant=variant_of(cfg.encoding), train_len=cfg.train_len, seed=cfg.seed
+        encoding=cfg.encoding.name,
+        variant=variant_of(cfg.encoding, model_cfg=cfg.model),
+        train_len=cfg.train_len,
+        seed=cfg.seed,
     )
     for name in cfg.probes:
         log.info("probe %s", name)
