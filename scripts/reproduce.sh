@@ -25,6 +25,7 @@
 # Settings, from the environment:
 #   OUT        outputs/study    where the runs and the reports go
 #   PART       4                runs per part of a stage
+#   KEEP_GOING 0                1: a failed run does not stop the later stages (the script still exits 1)
 #   JOBS       2                runs at a time (threads=1 each on a CPU); on one GPU, more (e.g. 14)
 #   DEVICE     auto             passed as device= to every command
 #   STRIDE     256              sliding-window stride of the evals stage (tokens)
@@ -43,6 +44,7 @@ DEVICE=${DEVICE:-auto}
 STRIDE=${STRIDE:-256}
 QUICK=${QUICK:-0}
 PART=${PART:-4}
+KEEP_GOING=${KEEP_GOING:-0}
 COMPARE=${COMPARE:-alibi}
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
@@ -64,7 +66,7 @@ spawn() {
 }
 join() {
     while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=1; done
-    (( failed == 0 )) || { echo "[reproduce] a run failed (its error.txt says why)" >&2; exit 1; }
+    (( failed == 0 )) || { echo "[reproduce] a run failed (its error.txt says why)" >&2; (( KEEP_GOING )) || exit 1; }
 }
 
 # One run of the stage being listed: its folder name, then its train overrides.
@@ -170,3 +172,4 @@ else
 fi
 for stage in "${stages[@]}"; do run_stage "$stage"; done
 stamp "done; wall time $(( $(date +%s) - start )) s"
+(( failed == 0 ))
