@@ -35,20 +35,27 @@ BACKENDS = ("auto", "sdpa", "flex", "eager")
 MASK_BUDGET = 256 * 2**20
 
 
-def causal_mask(encoding: PositionEncoding, q_pos: Tensor, k_pos: Tensor, window: int | None = None) -> Tensor:
-    """Float mask (1, H, Q, K) — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
+def causal_mask(
+    encoding: PositionEncoding, q_idx: Tensor, k_idx: Tensor, window: int | None = None, positions: Tensor | None = None
+) -> Tensor:
+    """Float mask (1, H, Q, K) for the queries at indices ``q_idx`` (Q,) and the keys at ``k_idx`` (K,) of a
+    sequence — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
 
-    With ``window`` W, also -inf where k ≤ q - W: each query sees its last W keys (itself included).
-    Built in fp32 (bias at large distances loses precision in bf16). The leading 1 matters:
-    SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
+    The bias is that of the tokens' ``positions`` (T,), or (B, T) for a mask (B, H, Q, K) with one bias per
+    sequence; ``None``: the indices are the positions. With ``window`` W, also -inf where k ≤ q - W: each
+    query sees its last W keys (itself included). Built in fp32 (bias at large distances loses precision
+    in bf16). The leading 1 matters: SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently
+    falls to the math path.
     """
-    hidden = k_pos[None, :] > q_pos[:, None]  # (Q, K)
+    hidden = k_idx[None, :] > q_idx[:, None]  # (Q, K)
     if window is not None:
-        hidden |= k_pos[None, :] <= q_pos[:, None] - window
-    bias = (
-        encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *hidden.shape, device=q_pos.device)
-    )
-    return bias.masked_fill(hidden, float("-inf")).unsqueeze(0)
+        hidden |= k_idx[None, :] <= q_idx[:, None] - window
+    if not encoding.has_bias:
+        return torch.zeros(1, 1, *hidden.shape, device=q_idx.device).masked_fill(hidden, float("-inf"))
+    q_pos, k_pos = (q_idx, k_idx) if positions is None else (positions[..., q_idx], positions[..., k_idx])
+    biases = [encoding.bias(q, k) for q, k in zip(q_pos.view(-1, len(q_idx)), k_pos.view(-1, len(k_idx)))]
+    bias = biases[0][None] if len(biases) == 1 else torch.stack(biases)  # (B|1, H, Q, K)
+    return bias.float().masked_fill(hidden, float("-inf"))
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -96,15 +103,21 @@ def flex_kernel():
     return _compiled_flex
 
 
-def bias_score_mod(encoding: PositionEncoding):
-    """FlexAttention ``score_mod`` adding the encoding's ``bias_at``; ``None`` without bias."""
+def bias_score_mod(encoding: PositionEncoding, positions: Tensor | None = None):
+    """FlexAttention ``score_mod`` adding the encoding's ``bias_at``; ``None`` without bias.
+
+    ``positions`` (B, T): sequence ``batch`` has its own row of positions; ``None``: the indices are the positions.
+    """
     if not encoding.has_bias:
         return None
 
     def score_mod(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return score + encoding.bias_at(head, q_idx, kv_idx)
 
-    return score_mod
+    def score_mod_at_positions(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + encoding.bias_at(head, positions[batch, q_idx], positions[batch, kv_idx])
+
+    return score_mod if positions is None else score_mod_at_positions
 
 
 def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -193,6 +206,9 @@ class Plan:
     block_mask: object = None  # flex's BlockMask
     query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
     window: int | None = None  # keys each query sees (``Attention.windowed``); None: all before it
+    positions: Tensor | None = None  # the tokens' positions (T,) or (B, T), for the encoding's rotation and bias
+    #: The positions are the encoding's 0..T-1 (``counting``): masks are kept per length, flex biases by index.
+    positions_are_indices: bool = True
 
 
 class Attention:
@@ -256,28 +272,37 @@ class Attention:
             self._warned.add(message)
             log.warning(message)
 
-    def plan(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> Plan:
+    def plan(
+        self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float, positions: Tensor | None = None
+    ) -> Plan:
+        """How every layer attends in a pass over sequences at ``positions`` (T,) or (B, T) (``None``: 0..T-1)."""
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
         window = self.window if self.window is not None and self.window < seq_len else None  # wider: plain causal
+        indices = self.encoding.counting(seq_len, device)
+        positions = indices if positions is None else positions
+        plan = Plan(backend, seq_len, dropout_p, window=window, positions=positions)
+        plan.positions_are_indices = positions is indices  # the same tensor: see PositionEncoding.counting
         if backend == "flex":
             padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
             if window is None:
-                block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
+                plan.block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
             else:
                 key = ("block", padded, device, window)
-                block_mask = self.cached(key, lambda: banded_block_mask(padded, window, device))
-            return Plan("flex", seq_len, block_mask=block_mask)
+                plan.block_mask = self.cached(key, lambda: banded_block_mask(padded, window, device))
+            return plan
         if backend == "sdpa" and not self.encoding.has_bias and window is None:
-            return Plan("sdpa", seq_len, dropout_p)  # is_causal: no mask at all
+            return plan  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
-        if heads * seq_len * seq_len * 4 > MASK_BUDGET:
-            query_block = max(1, MASK_BUDGET // (4 * heads * seq_len))
-            return Plan(backend, seq_len, dropout_p, query_block=query_block, window=window)
-        pos = torch.arange(seq_len, device=device)
-        if not self.encoding.is_static:  # learned bias: rebuilt every pass so gradients reach it
-            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos, window))
-        mask = self.cached(("mask", seq_len, device, window), lambda: causal_mask(self.encoding, pos, pos, window))
-        return Plan(backend, seq_len, dropout_p, mask=mask)
+        rows = len(positions) if positions.dim() == 2 and self.encoding.has_bias else 1  # a bias per sequence
+        if rows * heads * seq_len * seq_len * 4 > MASK_BUDGET:
+            plan.query_block = max(1, MASK_BUDGET // (4 * rows * heads * seq_len))
+            return plan
+        build = lambda: causal_mask(self.encoding, indices, indices, window, positions)  # noqa: E731
+        if self.encoding.is_static and (plan.positions_are_indices or not self.encoding.has_bias):
+            plan.mask = self.cached(("mask", seq_len, device, window), build)
+        else:  # rebuilt every pass: a learned bias, so that gradients reach it, or a bias at other positions
+            plan.mask = build()
+        return plan
 
     def cached(self, key: tuple, build):
         if key not in self._cache:
@@ -287,7 +312,7 @@ class Attention:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
         """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias."""
-        q, k = self.encoding.rotate(q, k)
+        q, k = self.encoding.rotate(q, k, plan.positions)
         if self.logn_train_len is not None and q.shape[-2] > self.logn_train_len:
             q = q * logn_factors(q.shape[-2], self.logn_train_len, q.device)[:, None].to(q.dtype)
         if self.observer is not None:
@@ -300,7 +325,7 @@ class Attention:
                 reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                 self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({reason}); using sdpa")
         if plan.backend == "flex":  # broken this pass: re-plan without flex
-            plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p)
+            plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
         return self.dense(q, k, v, plan)
 
     def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
@@ -311,7 +336,10 @@ class Attention:
         """
         pad = plan.block_mask.seq_lengths[0] - plan.seq_len
         padded = [F.pad(t, (0, 0, 0, pad)) for t in (q, k, v)]
-        out = flex_kernel()(*padded, score_mod=self.score_mod, block_mask=plan.block_mask)
+        score_mod = self.score_mod
+        if not plan.positions_are_indices and score_mod is not None:  # a row of positions per sequence, padded too
+            score_mod = bias_score_mod(self.encoding, F.pad(plan.positions.expand(len(q), -1), (0, pad)))
+        out = flex_kernel()(*padded, score_mod=score_mod, block_mask=plan.block_mask)
         return out[:, :, : plan.seq_len]
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
@@ -319,11 +347,11 @@ class Attention:
         attend = eager_attention if plan.backend == "eager" else sdpa_attention
         if plan.query_block is None:
             return attend(q, k, v, plan.mask, plan.dropout_p)
-        pos = torch.arange(plan.seq_len, device=q.device)
+        idx = torch.arange(plan.seq_len, device=q.device)
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
             e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys lo..e-1
             lo = 0 if plan.window is None else max(0, s - plan.window + 1)  # older keys: outside every window
-            mask = causal_mask(self.encoding, pos[s:e], pos[lo:e], plan.window)  # (1, H|1, e-s, e-lo)
+            mask = causal_mask(self.encoding, idx[s:e], idx[lo:e], plan.window, plan.positions)  # (B|1, H|1, e-s, e-lo)
             out.append(attend(q[:, :, s:e], k[:, :, lo:e], v[:, :, lo:e], mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)
