@@ -52,9 +52,12 @@ def causal_mask(
         hidden |= k_idx[None, :] <= q_idx[:, None] - window
     if not encoding.has_bias:
         return torch.zeros(1, 1, *hidden.shape, device=q_idx.device).masked_fill(hidden, float("-inf"))
-    q_pos, k_pos = (q_idx, k_idx) if positions is None else (positions[..., q_idx], positions[..., k_idx])
-    biases = [encoding.bias(q, k) for q, k in zip(q_pos.view(-1, len(q_idx)), k_pos.view(-1, len(k_idx)))]
-    bias = biases[0][None] if len(biases) == 1 else torch.stack(biases)  # (B|1, H, Q, K)
+    if positions is None:
+        bias = encoding.bias(q_idx, k_idx)[None]
+    elif positions.dim() == 1:
+        bias = encoding.bias(positions[q_idx], positions[k_idx])[None]
+    else:  # a bias per sequence
+        bias = torch.stack([encoding.bias(row[q_idx], row[k_idx]) for row in positions])  # (B, H, Q, K)
     return bias.float().masked_fill(hidden, float("-inf"))
 
 
@@ -297,7 +300,8 @@ class Attention:
         if rows * heads * seq_len * seq_len * 4 > MASK_BUDGET:
             plan.query_block = max(1, MASK_BUDGET // (4 * rows * heads * seq_len))
             return plan
-        build = lambda: causal_mask(self.encoding, indices, indices, window, positions)  # noqa: E731
+        bias_positions = None if plan.positions_are_indices else positions
+        build = lambda: causal_mask(self.encoding, indices, indices, window, bias_positions)  # noqa: E731
         if self.encoding.is_static and (plan.positions_are_indices or not self.encoding.has_bias):
             plan.mask = self.cached(("mask", seq_len, device, window), build)
         else:  # rebuilt every pass: a learned bias, so that gradients reach it, or a bias at other positions
@@ -348,10 +352,11 @@ class Attention:
         if plan.query_block is None:
             return attend(q, k, v, plan.mask, plan.dropout_p)
         idx = torch.arange(plan.seq_len, device=q.device)
+        bias_positions = None if plan.positions_are_indices else plan.positions
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
             e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys lo..e-1
             lo = 0 if plan.window is None else max(0, s - plan.window + 1)  # older keys: outside every window
-            mask = causal_mask(self.encoding, idx[s:e], idx[lo:e], plan.window, plan.positions)  # (B|1, H|1, e-s, e-lo)
+            mask = causal_mask(self.encoding, idx[s:e], idx[lo:e], plan.window, bias_positions)  # (B|1, H|1, e-s, e-lo)
             out.append(attend(q[:, :, s:e], k[:, :, lo:e], v[:, :, lo:e], mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)
