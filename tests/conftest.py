@@ -114,15 +114,19 @@ TINY_MODEL = dict(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropo
 
 @pytest.fixture
 def tiny_lm():
-    """tiny_lm("rope", vocab=50, train_len=16, encoding_noise=0.0, **model) -> a seeded tiny LanguageModel.
+    """tiny_lm("rope", vocab=50, train_len=16, encoding_noise=0.0, options=None, **model) -> a seeded tiny LM.
 
     ``encoding_noise``: the std of noise added to the encoding's own parameters, so that a learned
-    bias that starts at zero cannot hide a bug. ``model`` overrides TINY_MODEL's fields.
+    bias that starts at zero cannot hide a bug. ``options``: the encoding's config fields (dict).
+    ``model`` overrides TINY_MODEL's fields.
     """
 
-    def _tiny_lm(encoding: str, *, vocab: int = 50, train_len: int = 16, encoding_noise: float = 0.0, **model):
+    def _tiny_lm(
+        encoding: str, *, vocab: int = 50, train_len: int = 16, encoding_noise: float = 0.0, options=None, **model
+    ) -> LanguageModel:
         torch.manual_seed(0)
-        lm = LanguageModel(ModelConfig(**{**TINY_MODEL, **model}), ENCODINGS[encoding][0](), vocab, train_len)
+        encoding_cfg = ENCODINGS[encoding][0](**(options or {}))
+        lm = LanguageModel(ModelConfig(**{**TINY_MODEL, **model}), encoding_cfg, vocab, train_len)
         with torch.no_grad():
             for p in lm.encoding.parameters():
                 p.add_(encoding_noise * torch.randn_like(p))

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from posbench.cli import main
-from posbench.positional import ENCODINGS, Dimensions, PositionEncoding
+from posbench.positional import ENCODINGS, Dimensions, EncodingConfig, PositionEncoding
 
 YAML = """\
 defaults:
@@ -29,7 +29,7 @@ def throwaway(tmp_path):
     """Register the encoding ``throwaway`` (a learned linear distance penalty) and its YAML; unregister after."""
 
     @dataclass
-    class ThrowawayConfig:
+    class ThrowawayConfig(EncodingConfig):
         name: str = "throwaway"
         init_slope: float = 0.5
 
@@ -37,7 +37,7 @@ def throwaway(tmp_path):
         config_class = ThrowawayConfig
 
         def __init__(self, cfg: ThrowawayConfig, dims: Dimensions):
-            super().__init__(dims)
+            super().__init__(cfg, dims)
             self.slope = nn.Parameter(torch.full((dims.n_heads,), cfg.init_slope))
 
         def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:

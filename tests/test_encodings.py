@@ -15,7 +15,7 @@ from posbench.config import Config
 from posbench.errors import PosbenchError
 from posbench.evaluate import variant_of
 from posbench.model import LanguageModel, ModelConfig
-from posbench.positional import ENCODINGS, PositionEncoding, build_encoding, rotate_pairs
+from posbench.positional import ENCODINGS, EncodingConfig, PositionEncoding, build_encoding, rotate_pairs
 from posbench.reevaluate import eval_schema, run_config
 
 TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
@@ -26,7 +26,7 @@ def make(name: str, **options) -> PositionEncoding:
 
 
 @dataclass
-class ToyConfig:
+class ToyConfig(EncodingConfig):
     name: str = "toy"
     stretch: float = 1.0
 
@@ -42,14 +42,14 @@ class Toy(PositionEncoding):
     variant_options = ToyVariant
 
     def __init__(self, cfg: ToyConfig, dims):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         self.mix = nn.Linear(dims.d_model, dims.d_model)
 
     @classmethod
     def variant_label(cls, cfg: ToyConfig) -> str:
         return "" if cfg.stretch == 1 else f"stretch×{cfg.stretch:g}"
 
-    def embed(self, x):
+    def embed(self, x, positions):
         return x + self.mix(x)
 
 
@@ -133,7 +133,7 @@ def test_the_attention_rotates_queries_and_keys_with_its_encoding():
     attention = Attention("eager", rope)
     q, k, v = torch.randn(3, 1, 4, 6, 8).unbind(0)  # (B, H, T, hd) each
     pos = torch.arange(6)
-    expected = eager_attention(*rope.rotate(q, k), v, causal_mask(rope, pos, pos))
+    expected = eager_attention(*rope.rotate(q, k, pos), v, causal_mask(rope, pos, pos))
     torch.testing.assert_close(attention(q, k, v, attention.plan(6, q.device, False, 0.0)), expected)
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from posbench.errors import PosbenchError
-from posbench.positional import Dimensions, PositionEncoding
+from posbench.positional import Dimensions, EncodingConfig, PositionEncoding
 from posbench.probes.context import (
     COLUMNS,
     SUBSETS,
@@ -39,7 +39,9 @@ class WindowFake(nn.Module):
         self.by_lag = nn.Parameter(torch.rand(VOCAB, window, generator=g, dtype=torch.float64), requires_grad=False)
         self.by_target = torch.rand(VOCAB, generator=g, dtype=torch.float64)
         self.window = window
-        self.encoding = PositionEncoding(Dimensions(n_heads=1, head_dim=1, d_model=1, train_len=1))  # serves any length
+        self.encoding = PositionEncoding(
+            EncodingConfig(), Dimensions(n_heads=1, head_dim=1, d_model=1, train_len=1)
+        )  # serves any length
 
     def token_nll(self, idx, targets):
         nll = self.by_target[targets].clone()

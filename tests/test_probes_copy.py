@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from posbench.positional import Dimensions, PositionEncoding
+from posbench.positional import Dimensions, EncodingConfig, PositionEncoding
 from posbench.probes.copy import (
     COLUMNS,
     CopyProbeConfig,
@@ -27,7 +27,7 @@ class Copier(nn.Module):
         super().__init__()
         self.vocab = vocab
         self.anchor = nn.Parameter(torch.zeros(()), requires_grad=False)  # gives the probe a device
-        self.encoding = PositionEncoding(Dimensions(n_heads=1, head_dim=1, d_model=1, train_len=1))
+        self.encoding = PositionEncoding(EncodingConfig(), Dimensions(n_heads=1, head_dim=1, d_model=1, train_len=1))
 
     def logits(self, idx, last):
         T = idx.shape[1]

@@ -45,7 +45,7 @@ MASK_BUDGET = 256 * 2**20
 
 
 def oldest_key(q_pos, window: int | None = None, blockwise: int | None = None):
-    """The first key position that query position ``q_pos`` (an int or an integer tensor) attends to;
+    """The first key index that query index ``q_pos`` (an int or an integer tensor) attends to;
     0 or less: every key before it. Never decreases with q.
 
     ``window`` W: its last W keys, itself included. ``blockwise`` W: the keys of its own block
@@ -58,24 +58,32 @@ def oldest_key(q_pos, window: int | None = None, blockwise: int | None = None):
 
 def causal_mask(
     encoding: PositionEncoding,
-    q_pos: Tensor,
-    k_pos: Tensor,
+    q_idx: Tensor,
+    k_idx: Tensor,
     window: int | None = None,
     blockwise: int | None = None,
+    positions: Tensor | None = None,
 ) -> Tensor:
-    """Float mask (1, H, Q, K) — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
+    """Float mask (1, H, Q, K) for the queries at indices ``q_idx`` (Q,) and the keys at ``k_idx`` (K,) of a
+    sequence — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
 
-    With ``window`` or ``blockwise``, also -inf before each query's ``oldest_key``.
-    Built in fp32 (bias at large distances loses precision in bf16). The leading 1 matters:
-    SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
+    The bias is that of the tokens' ``positions`` (T,), or (B, T) for a mask (B, H, Q, K) with one bias per
+    sequence; ``None``: the indices are the positions. With ``window`` or ``blockwise``, also -inf before each
+    query's ``oldest_key``. Built in fp32 (bias at large distances loses precision in bf16). The leading 1
+    matters: SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
     """
-    hidden = k_pos[None, :] > q_pos[:, None]  # (Q, K)
+    hidden = k_idx[None, :] > q_idx[:, None]  # (Q, K)
     if window is not None or blockwise is not None:
-        hidden |= k_pos[None, :] < oldest_key(q_pos, window, blockwise)[:, None]
-    bias = (
-        encoding.bias(q_pos, k_pos).float() if encoding.has_bias else torch.zeros(1, *hidden.shape, device=q_pos.device)
-    )
-    return bias.masked_fill(hidden, float("-inf")).unsqueeze(0)
+        hidden |= k_idx[None, :] < oldest_key(q_idx, window, blockwise)[:, None]
+    if not encoding.has_bias:
+        return torch.zeros(1, 1, *hidden.shape, device=q_idx.device).masked_fill(hidden, float("-inf"))
+    if positions is None:
+        bias = encoding.bias(q_idx, k_idx)[None]
+    elif positions.dim() == 1:
+        bias = encoding.bias(positions[q_idx], positions[k_idx])[None]
+    else:  # a bias per sequence
+        bias = torch.stack([encoding.bias(row[q_idx], row[k_idx]) for row in positions])  # (B, H, Q, K)
+    return bias.float().masked_fill(hidden, float("-inf"))
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -123,15 +131,21 @@ def flex_kernel():
     return _compiled_flex
 
 
-def bias_score_mod(encoding: PositionEncoding):
-    """FlexAttention ``score_mod`` adding the encoding's ``bias_at``; ``None`` without bias."""
+def bias_score_mod(encoding: PositionEncoding, positions: Tensor | None = None):
+    """FlexAttention ``score_mod`` adding the encoding's ``bias_at``; ``None`` without bias.
+
+    ``positions`` (B, T): sequence ``batch`` has its own row of positions; ``None``: the indices are the positions.
+    """
     if not encoding.has_bias:
         return None
 
     def score_mod(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return score + encoding.bias_at(head, q_idx, kv_idx)
 
-    return score_mod
+    def score_mod_at_positions(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + encoding.bias_at(head, positions[batch, q_idx], positions[batch, kv_idx])
+
+    return score_mod if positions is None else score_mod_at_positions
 
 
 def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -224,6 +238,9 @@ class Plan:
     # Each query's oldest key (``oldest_key``; ``Attention.evaluated_as``); both None: all before it.
     window: int | None = None
     blockwise: int | None = None
+    positions: Tensor | None = None  # the tokens' positions (T,) or (B, T), for the encoding's rotation and bias
+    #: The positions are the encoding's 0..T-1 (``counting``): masks are kept per length, flex biases by index.
+    positions_are_indices: bool = True
 
 
 class Attention:
@@ -297,31 +314,40 @@ class Attention:
             self._warned.add(message)
             log.warning(message)
 
-    def plan(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> Plan:
+    def plan(
+        self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float, positions: Tensor | None = None
+    ) -> Plan:
+        """How every layer attends in a pass over sequences at ``positions`` (T,) or (B, T) (``None``: 0..T-1)."""
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
         # A limit that cuts no key at this length (the last query sees key 0) is plain causal attention.
         limited = oldest_key(seq_len - 1, self.window, self.blockwise) > 0
         reach = dict(window=self.window, blockwise=self.blockwise) if limited else {}
+        indices = self.encoding.counting(seq_len, device)
+        positions = indices if positions is None else positions
+        plan = Plan(backend, seq_len, dropout_p, positions=positions, **reach)
+        plan.positions_are_indices = positions is indices  # the same tensor: see PositionEncoding.counting
         if backend == "flex":
             padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
             if not limited:
-                block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
+                plan.block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
             else:
                 key = ("block", padded, device, self.window, self.blockwise)
-                block_mask = self.cached(key, lambda: reaching_block_mask(padded, device=device, **reach))
-            return Plan("flex", seq_len, block_mask=block_mask)
+                plan.block_mask = self.cached(key, lambda: reaching_block_mask(padded, device=device, **reach))
+            return plan
         if backend == "sdpa" and not self.encoding.has_bias and not limited:
-            return Plan("sdpa", seq_len, dropout_p)  # is_causal: no mask at all
+            return plan  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
-        if heads * seq_len * seq_len * 4 > MASK_BUDGET:
-            query_block = max(1, MASK_BUDGET // (4 * heads * seq_len))
-            return Plan(backend, seq_len, dropout_p, query_block=query_block, **reach)
-        pos = torch.arange(seq_len, device=device)
-        if not self.encoding.is_static:  # learned bias: rebuilt every pass so gradients reach it
-            return Plan(backend, seq_len, dropout_p, mask=causal_mask(self.encoding, pos, pos, **reach), **reach)
-        key = ("mask", seq_len, device, *reach.values())
-        mask = self.cached(key, lambda: causal_mask(self.encoding, pos, pos, **reach))
-        return Plan(backend, seq_len, dropout_p, mask=mask, **reach)
+        rows = len(positions) if positions.dim() == 2 and self.encoding.has_bias else 1  # a bias per sequence
+        if rows * heads * seq_len * seq_len * 4 > MASK_BUDGET:
+            plan.query_block = max(1, MASK_BUDGET // (4 * rows * heads * seq_len))
+            return plan
+        bias_positions = None if plan.positions_are_indices else positions
+        build = lambda: causal_mask(self.encoding, indices, indices, positions=bias_positions, **reach)  # noqa: E731
+        if self.encoding.is_static and (plan.positions_are_indices or not self.encoding.has_bias):
+            plan.mask = self.cached(("mask", seq_len, device, *reach.values()), build)
+        else:  # rebuilt every pass: a learned bias, so that gradients reach it, or a bias at other positions
+            plan.mask = build()
+        return plan
 
     def cached(self, key: tuple, build):
         if key not in self._cache:
@@ -331,7 +357,7 @@ class Attention:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
         """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias."""
-        q, k = self.encoding.rotate(q, k)
+        q, k = self.encoding.rotate(q, k, plan.positions)
         if self.logn_train_len is not None and q.shape[-2] > self.logn_train_len:
             q = q * logn_factors(q.shape[-2], self.logn_train_len, q.device)[:, None].to(q.dtype)
         if self.temperature is not None:  # tau·q·kᵀ/√d; the encoding's bias is added unscaled
@@ -346,7 +372,7 @@ class Attention:
                 reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                 self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({reason}); using sdpa")
         if plan.backend == "flex":  # broken this pass: re-plan without flex
-            plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p)
+            plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
         return self.dense(q, k, v, plan)
 
     def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
@@ -357,7 +383,10 @@ class Attention:
         """
         pad = plan.block_mask.seq_lengths[0] - plan.seq_len
         padded = [F.pad(t, (0, 0, 0, pad)) for t in (q, k, v)]
-        out = flex_kernel()(*padded, score_mod=self.score_mod, block_mask=plan.block_mask)
+        score_mod = self.score_mod
+        if not plan.positions_are_indices and score_mod is not None:  # a row of positions per sequence, padded too
+            score_mod = bias_score_mod(self.encoding, F.pad(plan.positions.expand(len(q), -1), (0, pad)))
+        out = flex_kernel()(*padded, score_mod=score_mod, block_mask=plan.block_mask)
         return out[:, :, : plan.seq_len]
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
@@ -365,11 +394,14 @@ class Attention:
         attend = eager_attention if plan.backend == "eager" else sdpa_attention
         if plan.query_block is None:
             return attend(q, k, v, plan.mask, plan.dropout_p)
-        pos = torch.arange(plan.seq_len, device=q.device)
+        idx = torch.arange(plan.seq_len, device=q.device)
+        bias_positions = None if plan.positions_are_indices else plan.positions
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
             e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys lo..e-1
             lo = max(0, oldest_key(s, plan.window, plan.blockwise))  # older keys: hidden from every query here
-            mask = causal_mask(self.encoding, pos[s:e], pos[lo:e], plan.window, plan.blockwise)  # (1, H|1, e-s, e-lo)
+            mask = causal_mask(
+                self.encoding, idx[s:e], idx[lo:e], plan.window, plan.blockwise, bias_positions
+            )  # (B|1, H|1, e-s, e-lo)
             out.append(attend(q[:, :, s:e], k[:, :, lo:e], v[:, :, lo:e], mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)

@@ -1,7 +1,7 @@
 """A pre-LayerNorm decoder-only Transformer LM whose position encoding is pluggable.
 
-The model talks to its encoding through three calls (see ``positional/base.py``):
-``embed`` on the token embeddings; ``rotate`` on q/k and ``bias`` in the attention
+The model talks to its encoding through three calls (see ``positional/base.py``), each given the
+tokens' positions: ``embed`` on the token embeddings; ``rotate`` on q/k and ``bias`` in the attention
 (``attention.py``), which every layer shares and which turns the bias into one mask per pass.
 The encoding initialises its own parameters; the model's GPT-2 initialisation covers only its own layers.
 """
@@ -140,12 +140,18 @@ class LanguageModel(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: Tensor) -> Tensor:
-        """idx (B, T) token ids -> final hidden states (B, T, D)."""
-        x = self.drop(self.encoding.embed(self.tok_emb(idx)))
+    def forward(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
+        """idx (B, T) token ids at ``positions`` (T,) or (B, T) -> final hidden states (B, T, D).
+
+        ``positions=None``: the encoding's (``PositionEncoding.positions``): 0..T-1, or in training with
+        ``encoding.randomized_positions`` a random sample per sequence.
+        """
+        if positions is None:
+            positions = self.encoding.positions(*idx.shape, device=idx.device)
+        x = self.drop(self.encoding.embed(self.tok_emb(idx), positions))
         dropout_p = self.attn_dropout if self.training else 0.0
-        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p)  # for every layer
-        for block in self.blocks:
+        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p, positions)
+        for block in self.blocks:  # one plan for every layer
             x = block(x, plan)
         return self.ln_f(x)
 

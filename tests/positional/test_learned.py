@@ -11,9 +11,9 @@ def test_table_size_defaults_to_training_length():
     assert encoding.unsupported_reason(32) is None
     assert "32" in encoding.unsupported_reason(33)
     x = torch.zeros(1, 32, 16)
-    torch.testing.assert_close(encoding.embed(x)[0], encoding.table.weight)
+    torch.testing.assert_close(encoding.embed(x, torch.arange(32))[0], encoding.table.weight)
     with pytest.raises(ValueError):
-        encoding.embed(torch.zeros(1, 33, 16))
+        encoding.embed(torch.zeros(1, 33, 16), torch.arange(33))
 
 
 def test_explicit_max_positions():

@@ -68,8 +68,8 @@ def test_module_matches_function_and_grows(layout):
     )
     for length in (8, 40):  # the cached tables grow past the training length
         q, k = torch.randn(1, 2, length, 8), torch.randn(1, 2, length, 8)
-        rq, rk = encoding.rotate(q, k)
         pos = torch.arange(length)
+        rq, rk = encoding.rotate(q, k, pos)
         torch.testing.assert_close(rq, apply_rope(q, pos, interleaved=layout == "interleaved"))
         torch.testing.assert_close(rk, apply_rope(k, pos, interleaved=layout == "interleaved"))
     assert not encoding.state_dict()  # caches are not checkpointed

@@ -86,7 +86,7 @@ def test_linear_scaling_is_position_interpolation():
     # rotating position p with frequencies / s is rotating position p / s with the plain ones
     enc = make_rope(type="linear", factor=4.0)
     q = torch.randn(1, 2, 40, D)
-    rotated, _ = enc.rotate(q, q)
+    rotated, _ = enc.rotate(q, q, torch.arange(40))
     torch.testing.assert_close(rotated, apply_rope(q, torch.arange(40) / 4.0), atol=1e-5, rtol=1e-5)
 
 
@@ -94,8 +94,8 @@ def test_yarn_attention_factor_scales_logits_by_its_square():
     # as in transformers, the factor multiplies cos and sin, i.e. both q and k
     enc, plain_enc = make_rope(type="yarn", factor=16.0), make_rope()
     q, k = torch.randn(1, 2, 8, D), torch.randn(1, 2, 8, D)
-    sq, sk = enc.rotate(q, k)
-    pq, pk = plain_enc.rotate(q, k)
+    sq, sk = enc.rotate(q, k, torch.arange(8))
+    pq, pk = plain_enc.rotate(q, k, torch.arange(8))
     # position 0 is not rotated, so only the scale differs there
     mscale = 0.1 * math.log(16) + 1
     torch.testing.assert_close(
@@ -111,8 +111,8 @@ def test_original_length_defaults_to_training_length():
 def test_dynamic_tables_follow_the_sequence_length():
     enc = make_rope(train_len=8, type="dynamic", factor=4.0)
     q = torch.randn(1, 1, 16, D)
-    long, _ = enc.rotate(q, q)
-    short, _ = enc.rotate(q[..., :8, :], q[..., :8, :])  # within L0: plain RoPE again
+    long, _ = enc.rotate(q, q, torch.arange(16))
+    short, _ = enc.rotate(q[..., :8, :], q[..., :8, :], torch.arange(8))  # within L0: plain RoPE again
     torch.testing.assert_close(short, apply_rope(q[..., :8, :], torch.arange(8)))
     inv = plain(THETA * (4 * 16 / 8 - 3) ** (D / (D - 2)))
     angles = torch.arange(16)[:, None] * inv[None, :]

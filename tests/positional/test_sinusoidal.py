@@ -27,4 +27,4 @@ def test_any_length_and_prefix_stable():
 def test_module_adds_table_to_scaled_embeddings():
     encoding = build_encoding(OmegaConf.create({"name": "sinusoidal"}), n_heads=2, head_dim=8, d_model=16, train_len=8)
     x = torch.randn(2, 30, 16)
-    torch.testing.assert_close(encoding.embed(x), x * 4.0 + sinusoidal_table(30, 16))  # sqrt(16) = 4
+    torch.testing.assert_close(encoding.embed(x, torch.arange(30)), x * 4.0 + sinusoidal_table(30, 16))  # sqrt(16) = 4

@@ -37,7 +37,7 @@ def test_logits_match_reference():
     torch.manual_seed(0)
     T, d, B = 12, 8, 4.0  # a small B so the decay shows within a few positions
     q, k = torch.randn(1, 1, T, d, dtype=torch.float64), torch.randn(1, 1, T, d, dtype=torch.float64)
-    qr, kr = make(head_dim=d, scale_base=B).rotate(q, k)
+    qr, kr = make(head_dim=d, scale_base=B).rotate(q, k, torch.arange(T))
     logits = (qr @ kr.transpose(-2, -1))[0, 0]
     expected = torch.tensor(
         [[reference_logit(q[0, 0, n], k[0, 0, m], n, m, B) for m in range(T)] for n in range(T)], dtype=torch.float64
@@ -48,7 +48,7 @@ def test_logits_match_reference():
 def test_logits_depend_on_distance_only():
     torch.manual_seed(1)
     x = torch.randn(1, 1, 1, 8).expand(1, 1, 10, 8)  # the same vector at every position
-    qr, kr = make(scale_base=8.0).rotate(x, x)
+    qr, kr = make(scale_base=8.0).rotate(x, x, torch.arange(10))
     logits = (qr @ kr.transpose(-2, -1))[0, 0]
     for offset in range(-9, 10):
         diagonal = logits.diagonal(offset)
@@ -59,7 +59,7 @@ def test_sixteen_thousand_positions_stay_finite_and_exact():
     torch.manual_seed(2)
     T, d = 16384, 16
     q, k = torch.randn(1, 2, T, d), torch.randn(1, 2, T, d)
-    qr, kr = make(head_dim=d).rotate(q, k)
+    qr, kr = make(head_dim=d).rotate(q, k, torch.arange(T))
     assert torch.isfinite(qr).all() and torch.isfinite(kr).all()
     for n, m in [(T - 1, 0), (T - 1, T - 4), (T // 2, 3), (5, 0)]:
         got = (qr[0, 1, n] @ kr[0, 1, m]).item()
@@ -75,5 +75,5 @@ def test_odd_head_dim_raises():
 def test_sixty_four_thousand_positions_stay_finite_in_bf16():
     # Uncentred, keys at m = 65535 would be scaled by ζ_0^(−128) ≈ 1e69, past bf16's range.
     q = torch.randn(1, 1, 65536, 8, dtype=torch.bfloat16)
-    qr, kr = make().rotate(q, q)
+    qr, kr = make().rotate(q, q, torch.arange(65536))
     assert torch.isfinite(qr).all() and torch.isfinite(kr).all()

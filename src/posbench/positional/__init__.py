@@ -1,6 +1,7 @@
 """Position encodings, one small module each, behind the seam in :mod:`.base`.
 
-To add an encoding: write a module here with a config dataclass (``name`` first) and a
+To add an encoding: write a module here with a config dataclass (a subclass of ``EncodingConfig``
+that sets ``name``) and a
 :class:`PositionEncoding` subclass built as ``Encoding(cfg, dims)`` whose ``config_class`` names
 that dataclass, and add ``conf/encoding/<name>.yaml``. Every module of this package is imported
 below, and each such subclass registers itself in ``ENCODINGS``.
@@ -15,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from .alibi import alibi_bias, alibi_slopes
-from .base import ENCODINGS, Dimensions, PositionEncoding
+from .base import ENCODINGS, Dimensions, EncodingConfig, PositionEncoding, sample_positions
 from .rope import apply_rope, rope_inv_freq
 from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
 from .sinusoidal import sinusoidal_table
@@ -58,7 +59,9 @@ def variant_namespaces() -> dict[str, type]:
 __all__ = [
     "ENCODINGS",
     "Dimensions",
+    "EncodingConfig",
     "PositionEncoding",
+    "sample_positions",
     "build_encoding",
     "encoding_config",
     "variant_namespaces",

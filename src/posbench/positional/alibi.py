@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -45,7 +45,7 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None) -> Tensor:
 
 
 @dataclass
-class AlibiConfig:
+class AlibiConfig(EncodingConfig):
     name: str = "alibi"
     #: Train the slopes (initialised from the reference values) instead of fixing them.
     learned_slopes: bool = False
@@ -55,7 +55,7 @@ class ALiBi(PositionEncoding):
     config_class = AlibiConfig
 
     def __init__(self, cfg: AlibiConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         slopes = alibi_slopes(dims.n_heads)
         if cfg.learned_slopes:
             self.slopes = nn.Parameter(slopes)

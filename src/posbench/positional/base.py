@@ -9,6 +9,11 @@ An encoding touches attention in at most one of three places, and overrides only
 The model calls all three unconditionally; the defaults are no-ops, so the model
 never branches on an encoding's name.
 
+Each call takes the tokens' positions explicitly: ``positions`` gives them, (T,) or one row per
+sequence (B, T). They are 0..T-1, except in training with ``randomized_positions=M`` (every
+encoding's option, in :class:`EncodingConfig`): then each sequence gets a sorted random sample of T
+distinct positions below M (Ruoss et al., 2023, arXiv:2305.16843).
+
 Every encoding is built as ``Encoding(cfg, dims)``: its config dataclass and the model's
 :class:`Dimensions`. Options that may change at evaluation time without retraining (RoPE's
 ``scaling``) are declared by ``variant_options`` and named in result rows by ``variant_label``.
@@ -17,9 +22,10 @@ Every encoding is built as ``Encoding(cfg, dims)``: its config dataclass and the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar, Optional
 
 import torch
+from omegaconf import MISSING
 from torch import Tensor, nn
 
 
@@ -34,13 +40,36 @@ class Dimensions:
     train_len: int
 
 
+@dataclass
+class EncodingConfig:
+    """What every encoding's config holds; each encoding's dataclass subclasses it and sets ``name``."""
+
+    name: str = MISSING
+    #: Train at a sorted random sample of T distinct positions below M per sequence (``null``: 0..T-1);
+    #: evaluation stays at 0..L-1. M must be at least the training length.
+    randomized_positions: Optional[int] = None
+
+
+def sample_positions(
+    batch: int, seq_len: int, limit: int, device=None, generator: torch.Generator | None = None
+) -> Tensor:
+    """(batch, seq_len) positions: each row a sorted random sample of seq_len distinct integers below ``limit``.
+
+    The seq_len largest of ``limit`` uniform keys pick a uniformly random subset. Without ``generator``
+    the device's global generator draws, which the run seeds and saves with its resume state.
+    """
+    keys = torch.rand(batch, limit, device=device, generator=generator)  # (B, M)
+    return keys.topk(seq_len, dim=-1).indices.sort(dim=-1).values  # (B, T)
+
+
 #: Every encoding by name: (config dataclass, module class). A subclass that names its ``config_class``
 #: registers itself here when its module is imported; ``positional/__init__`` imports every module.
 ENCODINGS: dict[str, tuple[type, type[PositionEncoding]]] = {}
 
 
 class PositionEncoding(nn.Module):
-    #: The encoding's config dataclass; the default of its ``name`` field is the encoding's name.
+    #: The encoding's config dataclass, a subclass of EncodingConfig; the default of its ``name`` field
+    #: is the encoding's name.
     config_class: ClassVar[type | None] = None
     #: Longest sequence the encoding can serve (``None``: any length).
     max_len: int | None = None
@@ -53,11 +82,22 @@ class PositionEncoding(nn.Module):
         super().__init_subclass__(**kwargs)
         config = cls.__dict__.get("config_class")
         if config is not None:
+            if not issubclass(config, EncodingConfig):  # every encoding offers randomized_positions
+                raise TypeError(f"{cls.__name__}.config_class {config.__name__} must subclass EncodingConfig")
             ENCODINGS[config.name] = (config, cls)
 
-    def __init__(self, dims: Dimensions):
+    def __init__(self, cfg: EncodingConfig, dims: Dimensions):
         super().__init__()
         self.n_heads = dims.n_heads
+        limit = cfg.randomized_positions
+        if limit is not None and limit < dims.train_len:
+            raise ValueError(
+                f"encoding.randomized_positions must be null or at least train_len={dims.train_len} "
+                f"(each sequence takes train_len distinct positions below it), got {limit}"
+            )
+        self.randomized_positions = limit
+        self._counting: tuple[tuple, Tensor] | None = None  # ((length, device), 0..length-1)
+        self._derived: tuple[Tensor, object] | None = None  # (positions, what for_positions built from them)
 
     @classmethod
     def variant_label(cls, cfg) -> str:
@@ -71,12 +111,34 @@ class PositionEncoding(nn.Module):
         parameters drawn in the constructor need nothing here.
         """
 
-    def embed(self, x: Tensor) -> Tensor:
-        """x: (B, T, D) token embeddings of positions 0..T-1 -> same shape."""
+    def positions(self, batch: int, seq_len: int, device=None) -> Tensor:
+        """The positions of a pass over ``batch`` sequences of ``seq_len`` tokens: in training with
+        ``randomized_positions`` a fresh sample (batch, seq_len) (``sample_positions``), else ``counting``."""
+        if self.training and self.randomized_positions is not None:
+            return sample_positions(batch, seq_len, self.randomized_positions, device)
+        return self.counting(seq_len, device)
+
+    def counting(self, seq_len: int, device=None) -> Tensor:
+        """0..seq_len-1 (seq_len,), the same tensor on every call for one length and device, so that what
+        is derived from it (tables here, masks in attention) is built once, not once per pass."""
+        key = (seq_len, torch.device(device or "cpu"))
+        if self._counting is None or self._counting[0] != key:
+            self._counting = (key, torch.arange(seq_len, device=device))
+        return self._counting[1]
+
+    def for_positions(self, positions: Tensor, build: Callable[[Tensor], object]):
+        """``build(positions)``, built again only when another positions tensor comes: every layer of a
+        pass gets the same one, and every pass at 0..T-1 the same ``counting`` tensor."""
+        if self._derived is None or self._derived[0] is not positions:
+            self._derived = (positions, build(positions))
+        return self._derived[1]
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (B, T, D) token embeddings at ``positions`` (T,) or (B, T) -> same shape."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        """q, k: (B, H, T, hd) at positions 0..T-1 -> transformed q, k."""
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """q, k: (B, H, T, hd) at ``positions`` (T,) or (B, T) -> transformed q, k."""
         return q, k
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
 
 #: Keeps the normaliser ψ(max(L, i)) away from zero (the paper's eps).
 EPS = 1e-6
@@ -51,7 +51,7 @@ def fill_legacy_threshold(module: FIRE, state_dict: dict, prefix: str, *args) ->
 
 
 @dataclass
-class FireConfig:
+class FireConfig(EncodingConfig):
     name: str = "fire"
     #: Hidden units of the MLP f_θ.
     mlp_width: int = 32
@@ -66,7 +66,7 @@ class FIRE(PositionEncoding):
     config_class = FireConfig
 
     def __init__(self, cfg: FireConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         init_threshold = dims.train_len * PAPER_THRESHOLD_RATIO if cfg.init_threshold is None else cfg.init_threshold
         checks = {"mlp_width": cfg.mlp_width >= 1, "init_c": cfg.init_c > 0, "init_threshold": init_threshold > 0}
         for key, ok in checks.items():

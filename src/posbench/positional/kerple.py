@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
 
 #: Lower bound of every KERPLE parameter (the reference code's eps).
 FLOOR = 1e-2
@@ -46,7 +46,7 @@ def uniform_per_head(n_heads: int, high: float) -> nn.Parameter:
 
 
 @dataclass
-class KerpleLogConfig:
+class KerpleLogConfig(EncodingConfig):
     name: str = "kerple_log"
 
 
@@ -54,7 +54,7 @@ class KerpleLog(PositionEncoding):
     config_class = KerpleLogConfig
 
     def __init__(self, cfg: KerpleLogConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         self.r1, self.r2 = uniform_per_head(dims.n_heads, 2.0), uniform_per_head(dims.n_heads, 1.0)
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -63,7 +63,7 @@ class KerpleLog(PositionEncoding):
 
 
 @dataclass
-class KerplePowerConfig:
+class KerplePowerConfig(EncodingConfig):
     name: str = "kerple_power"
 
 
@@ -71,7 +71,7 @@ class KerplePower(PositionEncoding):
     config_class = KerplePowerConfig
 
     def __init__(self, cfg: KerplePowerConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         self.a, self.p = uniform_per_head(dims.n_heads, 1.0), uniform_per_head(dims.n_heads, 2.0)
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:

@@ -1,20 +1,20 @@
-"""Learned absolute positions (GPT-2 style): one trained vector per position, up to ``max_positions``."""
+"""Learned absolute positions (GPT-2 style): one trained vector per position, up to ``max_positions``
+(default: ``randomized_positions`` when set, else the training length)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch import Tensor, nn
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
 
 
 @dataclass
-class LearnedConfig:
+class LearnedConfig(EncodingConfig):
     name: str = "learned"
-    #: Size of the position table; ``null`` means the training length.
+    #: Size of the position table; ``null``: ``randomized_positions`` when set, else the training length.
     max_positions: Optional[int] = None
 
 
@@ -22,18 +22,23 @@ class Learned(PositionEncoding):
     config_class = LearnedConfig
 
     def __init__(self, cfg: LearnedConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         if cfg.max_positions is not None and cfg.max_positions < 1:
             raise ValueError(f"encoding.max_positions must be positive or null, got {cfg.max_positions}")
-        self.max_len = cfg.max_positions or dims.train_len
+        limit = cfg.randomized_positions
+        if cfg.max_positions is not None and limit is not None and cfg.max_positions < limit:
+            raise ValueError(
+                f"encoding.max_positions={cfg.max_positions} must be at least encoding.randomized_positions={limit}"
+            )
+        self.max_len = cfg.max_positions or limit or dims.train_len
         self.table = nn.Embedding(self.max_len, dims.d_model)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.table.weight, std=0.02)  # GPT-2's position table, as its token embedding
 
-    def embed(self, x: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         seq_len = x.shape[1]
         if seq_len > self.max_len:
             raise ValueError(self.unsupported_reason(seq_len))
-        return x + self.table(torch.arange(seq_len, device=x.device))
+        return x + self.table(positions)  # (T, D) or (B, T, D)

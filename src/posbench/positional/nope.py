@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
 
 
 @dataclass
-class NoPEConfig:
+class NoPEConfig(EncodingConfig):
     name: str = "none"
 
 
@@ -16,4 +16,4 @@ class NoPE(PositionEncoding):
     config_class = NoPEConfig
 
     def __init__(self, cfg: NoPEConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)

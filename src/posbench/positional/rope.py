@@ -31,8 +31,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .base import Dimensions, PositionEncoding
-from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
+from .base import Dimensions, EncodingConfig, PositionEncoding
+from .rotary import per_head, rotary_angles, rotary_inv_freq, rotate_pairs
 
 SCALING_TYPES = ("linear", "ntk", "dynamic", "yarn")
 
@@ -93,8 +93,9 @@ def rope_inv_freq(
 
 
 def apply_rope(x: Tensor, positions: Tensor, theta: float = 10000.0, interleaved: bool = False) -> Tensor:
-    """Rotary position embedding of x (..., seq, head_dim) at integer ``positions`` (seq,)."""
-    angles = rotary_angles(positions.to(x.device), x.shape[-1], theta)
+    """Rotary position embedding of x (..., seq, head_dim) at integer ``positions`` (seq,), or of x (B, H, seq,
+    head_dim) at positions (B, seq)."""
+    angles = per_head(rotary_angles(positions.to(x.device), x.shape[-1], theta))
     return rotate_pairs(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype), interleaved)
 
 
@@ -122,7 +123,7 @@ def scaling_label(scaling: Mapping | None) -> str:
 
 
 @dataclass
-class RopeConfig:
+class RopeConfig(EncodingConfig):
     name: str = "rope"
     theta: float = 10000.0
     layout: str = "half"  # "half" (rotate_half, NeoX/Llama) or "interleaved" (complex pairs)
@@ -141,7 +142,7 @@ class RoPE(PositionEncoding):
     variant_options = RopeVariantOptions
 
     def __init__(self, cfg: RopeConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         if cfg.layout not in ("half", "interleaved"):
             raise ValueError(f"encoding.layout must be 'half' or 'interleaved', got {cfg.layout!r}")
         self.head_dim, self.theta, self.interleaved = dims.head_dim, cfg.theta, cfg.layout == "interleaved"
@@ -150,27 +151,21 @@ class RoPE(PositionEncoding):
             scaling["original_max_position_embeddings"] = dims.train_len
         self.scaling = scaling if scaling["type"] else None
         rope_inv_freq(dims.head_dim, cfg.theta, self.scaling)  # a bad theta, head size or scaling fails here
-        self.register_buffer("cos", torch.empty(0, dims.head_dim // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(0, dims.head_dim // 2), persistent=False)
 
     @classmethod
     def variant_label(cls, cfg: RopeConfig) -> str:
         return scaling_label(asdict(cfg.scaling))
 
-    def _tables(self, seq_len: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        # Grown on demand (doubling), shared by all layers; never stored in checkpoints.
-        # Dynamic NTK's frequencies depend on the sequence length, so its tables are exact-length.
-        dynamic = self.scaling is not None and self.scaling["type"] == "dynamic"
-        stale = self.cos.shape[0] != seq_len if dynamic else self.cos.shape[0] < seq_len
-        if stale or self.cos.device != device:
-            n = seq_len if dynamic else max(seq_len, 2 * self.cos.shape[0])
-            inv_freq, attention_scale = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=n)
-            positions = torch.arange(n, device=device, dtype=torch.float32)
-            angles = positions[:, None] * inv_freq.to(device)[None, :]  # (n, hd/2)
-            self.cos, self.sin = angles.cos() * attention_scale, angles.sin() * attention_scale
-        return self.cos[:seq_len], self.sin[:seq_len]
+    def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """cos and sin (T, hd/2), or (B, 1, T, hd/2) for per-sequence positions (B, T), times the attention scale.
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self._tables(q.shape[-2], q.device)
+        Dynamic NTK's frequencies depend on the sequence length T, the others' on nothing.
+        """
+        inv_freq, attention_scale = rope_inv_freq(self.head_dim, self.theta, self.scaling, seq_len=positions.shape[-1])
+        angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # (..., T, hd/2)
+        return per_head(angles.cos() * attention_scale), per_head(angles.sin() * attention_scale)
+
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.for_positions(positions, self.tables)  # shared by all layers; never in checkpoints
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         return rotate_pairs(q, cos, sin, self.interleaved), rotate_pairs(k, cos, sin, self.interleaved)

@@ -22,13 +22,19 @@ def rotary_inv_freq(head_dim: int, theta: float) -> Tensor:
 
 
 def rotary_angles(positions: Tensor, head_dim: int, theta: float = 10000.0) -> Tensor:
-    """Rotation angles (seq, head_dim/2) in fp32 of integer ``positions`` (seq,)."""
+    """Rotation angles (..., T, head_dim/2) in fp32 of integer ``positions`` (..., T)."""
     inv_freq = rotary_inv_freq(head_dim, theta).to(positions.device)
-    return positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return positions.to(torch.float32)[..., None] * inv_freq
+
+
+def per_head(table: Tensor) -> Tensor:
+    """A table of positions (T,), shape (T, X), as it is; one of per-sequence positions (B, T), shape
+    (B, T, X), as (B, 1, T, X): either broadcasts over the heads of q and k (B, H, T, hd)."""
+    return table if table.dim() == 2 else table.unsqueeze(-3)
 
 
 def rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool = False) -> Tensor:
-    """Rotate the dimension pairs of x (..., T, hd) by angles whose cos and sin are (T, hd/2).
+    """Rotate the dimension pairs of x (..., T, hd) by angles whose cos and sin are (T, hd/2) (or broadcast to x).
 
     ``interleaved``: pairs (2i, 2i+1), the complex-number formulation; otherwise (i, i + d/2),
     ``rotate_half`` as in GPT-NeoX and Llama.

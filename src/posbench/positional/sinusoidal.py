@@ -8,21 +8,27 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
+
+
+def sinusoidal_embedding(positions: Tensor, d_model: int) -> Tensor:
+    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) at integer ``positions``
+    of any shape (...) -> (..., d_model) fp32."""
+    position = positions.to(torch.float32)[..., None]
+    div = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device) / d_model)
+    out = torch.zeros(*positions.shape, d_model, device=positions.device)
+    out[..., 0::2] = torch.sin(position / div)
+    out[..., 1::2] = torch.cos(position / div)[..., : d_model // 2]
+    return out
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
-    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)); shape (n, d)."""
-    position = torch.arange(n_positions, dtype=torch.float32)[:, None]
-    div = 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
-    table = torch.zeros(n_positions, d_model)
-    table[:, 0::2] = torch.sin(position / div)
-    table[:, 1::2] = torch.cos(position / div)[:, : d_model // 2]
-    return table
+    """The embeddings of positions 0..n-1, (n, d_model)."""
+    return sinusoidal_embedding(torch.arange(n_positions), d_model)
 
 
 @dataclass
-class SinusoidalConfig:
+class SinusoidalConfig(EncodingConfig):
     name: str = "sinusoidal"
     #: Multiply token embeddings by sqrt(d_model) before adding the table, as in the
     #: Transformer paper and fairseq; otherwise the unit-amplitude table drowns them.
@@ -33,13 +39,10 @@ class Sinusoidal(PositionEncoding):
     config_class = SinusoidalConfig
 
     def __init__(self, cfg: SinusoidalConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         self.d_model = dims.d_model
         self.scale = math.sqrt(dims.d_model) if cfg.scale_embeddings else 1.0
-        self.register_buffer("table", torch.empty(0, dims.d_model), persistent=False)
 
-    def embed(self, x: Tensor) -> Tensor:
-        seq_len = x.shape[1]
-        if self.table.shape[0] < seq_len or self.table.device != x.device:
-            self.table = sinusoidal_table(max(seq_len, 2 * self.table.shape[0]), self.d_model).to(x.device)
-        return x * self.scale + self.table[:seq_len].to(x.dtype)
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        table = self.for_positions(positions, lambda p: sinusoidal_embedding(p, self.d_model))  # (T, D) or (B, T, D)
+        return x * self.scale + table.to(x.dtype)

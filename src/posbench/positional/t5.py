@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import Dimensions, PositionEncoding
+from .base import Dimensions, EncodingConfig, PositionEncoding
 
 
 def t5_bucket(
@@ -48,7 +48,7 @@ def t5_bucket(
 
 
 @dataclass
-class T5Config:
+class T5Config(EncodingConfig):
     name: str = "t5"
     num_buckets: int = 32
     #: Distances from here on share the last bucket.
@@ -59,7 +59,7 @@ class T5Bias(PositionEncoding):
     config_class = T5Config
 
     def __init__(self, cfg: T5Config, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         try:
             t5_bucket(torch.tensor(0), cfg.num_buckets, cfg.max_distance)
         except ValueError as e:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .base import Dimensions, PositionEncoding
-from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
+from .base import Dimensions, EncodingConfig, PositionEncoding
+from .rotary import per_head, rotary_angles, rotary_inv_freq, rotate_pairs
 
 
 def xpos_zeta(head_dim: int) -> Tensor:
@@ -34,7 +34,7 @@ def xpos_zeta(head_dim: int) -> Tensor:
 
 
 @dataclass
-class XposConfig:
+class XposConfig(EncodingConfig):
     name: str = "xpos"
     theta: float = 10000.0
     #: B in ζ^(n/B): larger is a gentler decay.
@@ -45,26 +45,24 @@ class XPos(PositionEncoding):
     config_class = XposConfig
 
     def __init__(self, cfg: XposConfig, dims: Dimensions):
-        super().__init__(dims)
+        super().__init__(cfg, dims)
         rotary_inv_freq(dims.head_dim, cfg.theta)  # a bad theta or head size fails here
         if not cfg.scale_base > 0:
             raise ValueError(f"encoding.scale_base must be positive, got {cfg.scale_base}")
         self.head_dim, self.theta, self.scale_base = dims.head_dim, cfg.theta, cfg.scale_base
-        self._tables: dict[tuple, tuple[Tensor, ...]] = {}  # one length at a time, never in checkpoints
 
-    def tables(self, seq_len: int, device: torch.device) -> tuple[Tensor, ...]:
-        """cos and sin (T, hd/2) times the query scale, then times the key scale; shared by all layers."""
-        key = (seq_len, device)
-        if key not in self._tables:
-            pos = torch.arange(seq_len, device=device)
-            angles = rotary_angles(pos, self.head_dim, self.theta)  # (T, hd/2)
-            exponent = (pos - seq_len // 2).float()[:, None] / self.scale_base  # (T, 1), centred
-            scale = xpos_zeta(self.head_dim).to(device) ** exponent  # (T, hd/2)
-            cos, sin = angles.cos(), angles.sin()
-            self._tables = {key: (cos * scale, sin * scale, cos / scale, sin / scale)}
-        return self._tables[key]
+    def tables(self, positions: Tensor) -> tuple[Tensor, ...]:
+        """cos and sin (T, hd/2) times the query scale, then times the key scale; (B, 1, T, hd/2) each for
+        per-sequence positions (B, T)."""
+        angles = rotary_angles(positions, self.head_dim, self.theta)  # (..., T, hd/2)
+        centre = positions[..., positions.shape[-1] // 2, None]  # (..., 1): the middle token's position
+        exponent = (positions - centre).float()[..., None] / self.scale_base  # (..., T, 1)
+        scale = xpos_zeta(self.head_dim).to(positions.device) ** exponent  # (..., T, hd/2)
+        cos, sin = angles.cos(), angles.sin()
+        return tuple(per_head(t) for t in (cos * scale, sin * scale, cos / scale, sin / scale))
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         # A rotation scaled by s is (x1·cos − x2·sin, x1·sin + x2·cos)·s, so the scale rides on cos and sin.
-        q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in self.tables(q.shape[-2], q.device))
+        tables = self.for_positions(positions, self.tables)  # shared by all layers; never in checkpoints
+        q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in tables)
         return rotate_pairs(q, q_cos, q_sin), rotate_pairs(k, k_cos, k_sin)
