@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .config import eval_lens_of
+from .config import eval_lens_of, train_lengths_of
 from .data import UNK, Corpus
 from .errors import PosbenchError
 from .io import write_csv
@@ -55,6 +55,10 @@ RESULT_COLUMNS = [
     "encoding_params",
     "run_dir",
     "precision",
+    "train_lengths",
+    "stopped_step",
+    "best_step",
+    "stop_reason",
 ]
 #: A row of results.csv is identified, within its run, by these columns.
 RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision"]
@@ -290,6 +294,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
         encoding=cfg.encoding.name,
         variant=variant_of(cfg.encoding, e, cfg.model),
         train_len=cfg.train_len,
+        train_lengths="|".join(map(str, train_lengths_of(cfg))),
         eval_mode=e.mode,
         seed=cfg.seed,
         params=model.num_params(),
