@@ -54,7 +54,8 @@ class TrainConfig:
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
     #: L must divide that. train_len must be the longest of them (one rule, no guessing whether train_len
-    #: was given): it is what the model is built for, what validation and results.csv use.
+    #: was given): the model is built for it, validation runs at it, results.csv names it (and lists all
+    #: of them in train_lengths, e.g. ``64|128|256``).
     lengths: Optional[List[int]] = None
     #: ``random``: each step's length drawn from (seed, step), the same again after a resume;
     #: ``curriculum``: shortest first, equal shares of the steps per length (Shortformer, arXiv:2012.15832).

@@ -39,6 +39,7 @@ RESULT_COLUMNS = [
     "encoding",
     "variant",
     "train_len",
+    "train_lengths",
     "eval_len",
     "split",
     "eval_mode",
@@ -53,12 +54,11 @@ RESULT_COLUMNS = [
     "seed",
     "params",
     "encoding_params",
-    "run_dir",
-    "precision",
-    "train_lengths",
     "stopped_step",
     "best_step",
     "stop_reason",
+    "run_dir",
+    "precision",
 ]
 #: A row of results.csv is identified, within its run, by these columns.
 RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision"]
