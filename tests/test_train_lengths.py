@@ -14,6 +14,7 @@ from posbench.checkpoint import RESUME_CHECKPOINT, load_checkpoint
 from posbench.config import check_config
 from posbench.errors import PosbenchError
 from posbench.report import report
+from posbench.report.compare import check_one_run_per_seed, compare_encodings
 from posbench.train import step_length, train
 
 #: A smoke run (train_len 32, batch 4: 128 tokens a step) at 8, 16 and 32 tokens, evaluated briefly.
@@ -185,3 +186,23 @@ def test_the_report_tells_runs_apart_by_their_training_lengths_and_names_them_on
     text = (out / "summary.md").read_text()
     assert "| encoding | variant | train_len | train_lengths | 4 | 8 |" in text
     assert "| rope |  | 4 | 2\\|4 | 12.0 |" in text and "| rope |  | 4 | 4 | 10.0 |" in text  # the | escaped
+
+
+def test_paired_comparisons_tell_runs_apart_by_their_training_lengths():
+    line = dict(variant="", train_len=16, precision="fp32", split="test", eval_mode="nonoverlapping", stride=64)
+    rows = [
+        dict(line, encoding=encoding, train_lengths=lengths, run_dir=folder, eval_len=64, seed=0, article=a)
+        | dict(tokens=10, nll_sum=10 * (5.0 + shift))
+        for folder, encoding, lengths, shift in (
+            ("a", "alibi", "16", 0.0),
+            ("r", "rope", "16", 0.1),
+            ("rm", "rope", "8|16", 0.2),
+            ("am", "alibi", "8|16", 0.3),
+        )
+        for a in range(4)
+    ]
+    articles = pd.DataFrame(rows)
+    check_one_run_per_seed(articles)  # two rope runs of seed 0 are two models, not one measured twice
+    deltas = compare_encodings(articles, "alibi").set_index(["encoding", "train_lengths"])["delta_nll"]
+    # against alibi as trained at 16 alone; alibi trained at 8 and 16 is another model
+    assert deltas.to_dict() == pytest.approx({("rope", "16"): 0.1, ("rope", "8|16"): 0.2, ("alibi", "8|16"): 0.3})
