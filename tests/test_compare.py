@@ -14,7 +14,7 @@ from posbench.report import REPORT_DIR, report
 from posbench.report.compare import REPLICATES, compare_encodings
 
 MEASUREMENT = dict(variant="", train_len=16, precision="fp32", split="test", eval_mode="nonoverlapping")
-MEASUREMENT.update(stride=64, eval_len=64)
+MEASUREMENT.update(stride=64, eval_len=64, train_lengths="16")
 
 
 def synthetic(delta: float, rng: np.random.Generator, seeds=(0, 1, 2), n_articles: int = 60) -> pd.DataFrame:

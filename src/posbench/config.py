@@ -51,6 +51,18 @@ class TrainConfig:
     grad_spike_ratio: float = 5.0
     #: This fraction of each batch's sequences are synthetic copy sequences (README, "Probes"; probes/copy.py).
     copy_fraction: float = 0.0
+    #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
+    #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
+    #: L must divide that. train_len must be the longest of them (one rule, no guessing whether train_len
+    #: was given): the model is built for it, validation runs at it, results.csv names it (and lists all
+    #: of them in train_lengths, e.g. ``64|128|256``).
+    lengths: Optional[List[int]] = None
+    #: ``random``: each step's length drawn from (seed, step), the same again after a resume;
+    #: ``curriculum``: shortest first, equal shares of the steps per length (Shortformer, arXiv:2012.15832).
+    length_order: str = "random"
+    #: Stop once this many validation checks in a row bring no new best validation loss (``null``: never);
+    #: the best model is what is evaluated either way.
+    patience: Optional[int] = None
 
 
 @dataclass
@@ -141,11 +153,60 @@ def check_eval(e) -> None:
         raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
 
 
+#: What ``null`` means for each list of lengths, said when one is given empty.
+NULL_LENGTHS = {"eval_lens": "train_len x 1, 2, 4, 8, 16", "train.lengths": "train_len alone"}
+
+
 def check_lengths(key: str, values: list) -> None:
     if not values:
-        raise PosbenchError(f"{key}=[] holds no length; give at least one (eval_lens=null: train_len x 1, 2, 4, 8, 16)")
+        raise PosbenchError(f"{key}=[] holds no length; give at least one ({key}=null: {NULL_LENGTHS[key]})")
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
-        raise PosbenchError(f"{key} must hold positive integers, got {values if key == 'eval_lens' else values[0]}")
+        raise PosbenchError(f"{key} must hold positive integers, got {values if key in NULL_LENGTHS else values[0]}")
+
+
+def train_lengths_of(cfg) -> list[int]:
+    """The lengths a run trains at, shortest first: ``train.lengths``, or train_len alone."""
+    return sorted(cfg.train.lengths) if cfg.train.lengths is not None else [cfg.train_len]
+
+
+LENGTH_ORDERS = ("random", "curriculum")
+
+
+def check_train_lengths(cfg) -> None:
+    """``train.lengths``: positive, distinct, longest = train_len, each keeping tokens per step equal."""
+    t = cfg.train
+    if t.length_order not in LENGTH_ORDERS:
+        raise PosbenchError(f"train.length_order must be one of {', '.join(LENGTH_ORDERS)}, got {t.length_order!r}")
+    if t.lengths is None:
+        return
+    lengths = list(t.lengths)
+    check_lengths("train.lengths", lengths)
+    if len(set(lengths)) < len(lengths):
+        raise PosbenchError(f"train.lengths must not repeat a length, got {lengths}")
+    if max(lengths) != cfg.train_len:
+        raise PosbenchError(
+            f"train.lengths={lengths} needs train_len={max(lengths)}, its longest (the length results.csv "
+            f"names and the model is built for), got train_len={cfg.train_len}"
+        )
+    tokens = t.batch_size * cfg.train_len
+    uneven = [length for length in lengths if tokens % length]
+    if uneven:
+        raise PosbenchError(
+            f"train.lengths: {uneven} cannot keep tokens per step equal: each length must divide "
+            f"train.batch_size x train_len = {tokens}"
+        )
+
+
+def check_train(cfg) -> None:
+    t = cfg.train
+    for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
+        if t[key] < 1:
+            raise PosbenchError(f"train.{key} must be a positive integer, got {t[key]}")
+    if t.patience is not None and t.patience < 1:
+        raise PosbenchError(f"train.patience must be a positive number of validation checks or null, got {t.patience}")
+    if not 0 <= t.copy_fraction <= 1:
+        raise PosbenchError(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
+    check_train_lengths(cfg)
 
 
 def check_buildable(model_cfg, encoding_cfg, train_len: int) -> None:
@@ -171,11 +232,7 @@ def check_config(cfg) -> None:
     """Raise PosbenchError for what the schema's types cannot catch."""
     check_lengths("train_len", [cfg.train_len])
     check_lengths("eval_lens", eval_lens_of(cfg))
-    for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
-        if cfg.train[key] < 1:
-            raise PosbenchError(f"train.{key} must be a positive integer, got {cfg.train[key]}")
-    if not 0 <= cfg.train.copy_fraction <= 1:
-        raise PosbenchError(f"train.copy_fraction must be in [0, 1], got {cfg.train.copy_fraction}")
+    check_train(cfg)
     check_eval(cfg.eval)
     check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)

@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .config import eval_lens_of
+from .config import eval_lens_of, train_lengths_of
 from .data import UNK, Corpus
 from .errors import PosbenchError
 from .io import write_csv
@@ -39,6 +39,7 @@ RESULT_COLUMNS = [
     "encoding",
     "variant",
     "train_len",
+    "train_lengths",
     "eval_len",
     "split",
     "eval_mode",
@@ -53,6 +54,9 @@ RESULT_COLUMNS = [
     "seed",
     "params",
     "encoding_params",
+    "stopped_step",
+    "best_step",
+    "stop_reason",
     "run_dir",
     "precision",
 ]
@@ -290,6 +294,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
         encoding=cfg.encoding.name,
         variant=variant_of(cfg.encoding, e, cfg.model),
         train_len=cfg.train_len,
+        train_lengths="|".join(map(str, train_lengths_of(cfg))),
         eval_mode=e.mode,
         seed=cfg.seed,
         params=model.num_params(),

@@ -16,4 +16,5 @@ def markdown_table(header: Sequence, rows: Iterable[Sequence], right: Collection
 
 
 def table_row(cells: Iterable) -> str:
-    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+    """One row; a ``|`` inside a cell (train_lengths ``64|128|256``) is escaped so it does not end the cell."""
+    return "| " + " | ".join(str(cell).replace("|", r"\|") for cell in cells) + " |"

@@ -2,10 +2,11 @@
 
 Every ``train.checkpoint_every`` steps, at the last step and on SIGINT/SIGTERM the whole training
 state goes to ``last.pt`` (model, optimizer, scheduler, step, tokens seen, every RNG state including
-the data sampler's, the best model so far, the log). ``train.resume=auto`` continues from it, and the
-resumed run ends with exactly the numbers of an uninterrupted one. ``last.pt`` is deleted only after
-results.csv is written, so a folder holding it is never a finished run. ``train.resume=false`` first
-clears the folder's results and checkpoints.
+the data sampler's, the best model and loss so far, the validations since the best that
+``train.patience`` counts and whether it ran out, the log). ``train.resume=auto`` continues from it,
+and the resumed run ends with exactly the numbers of an uninterrupted one, stopping where it would
+have. ``last.pt`` is deleted only after results.csv is written, so a folder holding it is never a
+finished run. ``train.resume=false`` first clears the folder's results and checkpoints.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """``posbench train``: train one LM, keep the best checkpoint, write perplexity at every eval length.
 
-``train`` is the loop, in named steps: ``train_step`` (one optimizer step on the global batch),
-``validate`` (rank 0 measures and keeps the best model), ``log_row`` (train_log.csv, the logger,
-the progress bar) and ``save_resume_state`` (last.pt). What resuming means is resume.py's; the
-device, threads and RNG state are runtime.py's.
+``train_loop`` is the loop, in named steps: ``training_batch`` (at this step's length),
+``train_step`` (one optimizer step on the global batch), ``validate`` (rank 0 measures and keeps the
+best model), ``stop_now`` (patience), ``log_row`` (train_log.csv, the logger, the progress bar) and
+``save_resume_state`` (last.pt). What resuming means is resume.py's; the device, threads and RNG
+state are runtime.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +29,7 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import CHECKPOINT, RESUME_CHECKPOINT, save_checkpoint
-from .config import check_config
+from .config import check_config, train_lengths_of
 from .data import Corpus, load_corpus
 from .errors import Interrupted, PosbenchError
 from .evaluate import check_mergeable, evaluate_lengths, score_nonoverlapping
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 #: Spike detection compares each step with a running average over about the last 1 / (1 - decay) steps.
 SPIKE_AVERAGE_DECAY = 0.9
+#: Keys the NumPy generator of each step's length under ``train.length_order=random`` (with seed, step).
+TRAIN_LENGTH_STREAM = 0x1E46
 
 
 def sample_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, gen: torch.Generator):
@@ -63,6 +67,8 @@ class Progress:
     best_val: float = math.inf
     best_step: int = 0
     best_model: dict | None = None
+    checks_since_best: int = 0  # validations without a new best (train.patience)
+    out_of_patience: bool = False  # saved, so that a run resumed after its stop stays stopped
     log_rows: list[dict] = field(default_factory=list)
     loss_average: float | None = None
     grad_average: float | None = None
@@ -101,17 +107,32 @@ class Run:
     gen: torch.Generator  # draws the training batches; its state is saved with the others
     progress: Progress
     loss_fn: nn.Module  # (x, y) -> (B, T) NLL; under DDP when there are several ranks
-    rows: slice  # this rank's rows of the global batch
+    rows: dict[int, slice]  # this rank's rows of the global batch, by sequence length
     logger: Logger
     bar: tqdm  # on a terminal, rank 0 only
     last_log_time: float = field(default_factory=time.perf_counter)
 
 
+def step_length(cfg: DictConfig, step: int) -> int:
+    """The sequence length of ``step`` (from 1): train_len, or one of ``train.lengths`` by ``train.length_order``."""
+    lengths = train_lengths_of(cfg)
+    if cfg.train.length_order == "curriculum":  # Shortformer's stages: equal shares of the steps, shortest first
+        return lengths[(step - 1) * len(lengths) // cfg.train.steps]
+    # drawn from (seed, step) alone, not a running generator: a resumed run redoes the same lengths
+    return lengths[np.random.default_rng([TRAIN_LENGTH_STREAM, cfg.seed, step]).integers(len(lengths))]
+
+
+def batch_rows(cfg: DictConfig, length: int) -> int:
+    """Sequences per step at ``length``: whatever the length, a step holds train.batch_size x train_len tokens."""
+    return cfg.train.batch_size * cfg.train_len // length
+
+
 def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of ``step``: random windows of the train split, ``train.copy_fraction`` of them
-    replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same)."""
+    """The global batch of ``step``: random windows of the train split at ``step_length``, ``train.copy_fraction``
+    of them replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same)."""
     cfg, train_split = run.cfg, run.corpus.splits["train"]
-    x, y = sample_batch(train_split, cfg.train.batch_size, cfg.train_len, run.gen)
+    length = step_length(cfg, step)
+    x, y = sample_batch(train_split, batch_rows(cfg, length), length, run.gen)
     if not cfg.train.copy_fraction:
         return x, y
     return with_copies(
@@ -138,15 +159,15 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     scheduler = make_scheduler(optimizer, t)
     gen = torch.Generator().manual_seed(cfg.seed)
     if len(corpus.splits["train"]) <= cfg.train_len + 1:
-        raise PosbenchError(
-            f"the train split has {len(corpus.splits['train'])} tokens, too few for train_len={cfg.train_len}"
-        )
+        longest = f"train.lengths={list(t.lengths)}" if t.lengths is not None else f"train_len={cfg.train_len}"
+        raise PosbenchError(f"the train split has {len(corpus.splits['train'])} tokens, too few for {longest}")
     source = resume_source(cfg, run_dir)
     progress = Progress()
     if source:
         progress = Progress(**restore(source, model, optimizer, scheduler, gen, cfg, corpus.vocab))
         log.info("resumed from %s at step %d of %d", source, progress.step, t.steps)
-    loss_fn, rows = distributed.training_loss(model, world, device), world.batch_slice(t.batch_size)
+    loss_fn = distributed.training_loss(model, world, device)
+    rows = {length: world.batch_slice(batch_rows(cfg, length)) for length in train_lengths_of(cfg)}
     logger = open_logger(cfg.logger, run_dir, world.is_main)
     bar = tqdm(
         total=t.steps,
@@ -164,7 +185,8 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
 def train_step(run: Run, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[float, float]:
     """Returns the whole batch's training loss and the gradient norm (before clipping)."""
     run.model.train()
-    loss = run.loss_fn(x[run.rows].to(run.device), y[run.rows].to(run.device)).mean()
+    rows = run.rows[x.shape[1]]
+    loss = run.loss_fn(x[rows].to(run.device), y[rows].to(run.device)).mean()
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.train.grad_clip)
@@ -184,13 +206,26 @@ def validate(run: Run, step: int) -> float:
     val_loss = score_nonoverlapping(run.model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, run.device).nll
     if not math.isfinite(val_loss):
         stop_non_finite(run, "validation loss", val_loss, step)
+    progress.checks_since_best += 1
     if val_loss < progress.best_val:
-        progress.best_val, progress.best_step = val_loss, step
+        progress.best_val, progress.best_step, progress.checks_since_best = val_loss, step, 0
         progress.best_model = copy.deepcopy(run.model.state_dict())
         best = {"model": run.model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)}
         best.update(vocab=run.corpus.vocab, step=step, valid_loss=val_loss)
         save_checkpoint(run.run_dir / CHECKPOINT, best)
     return val_loss
+
+
+# Early stopping before train.steps: rank 0 (which alone validates) decides after each validation, every rank follows.
+def stop_now(run: Run, step: int) -> bool:
+    p, patience = run.progress, run.cfg.train.patience
+    p.out_of_patience = distributed.broadcast(patience is not None and p.checks_since_best >= patience, run.world)
+    if p.out_of_patience:
+        log.info(
+            "step %d: no better validation loss in %d checks (train.patience); stopping, best %.3f at step %d",
+            *(step, patience, p.best_val, p.best_step),
+        )
+    return p.out_of_patience
 
 
 # One train_log.csv row, also handed to the logger (TensorBoard) and shown on the progress bar.
@@ -200,7 +235,8 @@ def log_row(run: Run, step: int, train_loss: float, grad: float, val_loss: float
     steps_since = step % t.log_every or t.log_every
     tok_s = steps_since * t.batch_size * run.cfg.train_len / max(now - run.last_log_time, 1e-9)
     run.last_log_time = now
-    row = dict(step=step, tokens=run.progress.tokens_seen, train_loss=train_loss, lr=run.scheduler.get_last_lr()[0])
+    row = dict(step=step, seq_len=step_length(run.cfg, step), tokens=run.progress.tokens_seen, train_loss=train_loss)
+    row.update(lr=run.scheduler.get_last_lr()[0])
     row.update(grad_norm=grad, valid_loss=val_loss, tokens_per_s=tok_s, loss_spike=spikes[0], grad_spike=spikes[1])
     run.progress.log_rows.append(row)
     run.logger.log_step(row)
@@ -242,15 +278,18 @@ def stopped(run: Run, signal_name: str, step: int) -> Interrupted:
 
 # The best model's perplexity at every eval length goes to results.csv; last.pt is no longer needed.
 def finish(run: Run) -> dict:
-    write_csv(pd.DataFrame(run.progress.log_rows), run.run_dir / "train_log.csv")
-    run.model.load_state_dict(run.progress.best_model)
+    p = run.progress
+    write_csv(pd.DataFrame(p.log_rows), run.run_dir / "train_log.csv")
+    run.model.load_state_dict(p.best_model)
     results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir)
+    stop_reason = "patience" if p.out_of_patience else "steps"  # where training stopped, and why
+    results = results.assign(stopped_step=p.step, best_step=p.best_step, stop_reason=stop_reason)
     write_csv(results, run.run_dir / "results.csv")
     run.logger.log_results(results)
     run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir)  # those of ``probes=[...]``, if any
     run.logger.close()
     (run.run_dir / RESUME_CHECKPOINT).unlink(missing_ok=True)  # finished: results.csv and checkpoint.pt say all
-    return {"best_valid_loss": run.progress.best_val, "results": results}
+    return {"best_valid_loss": p.best_val, "results": results}
 
 
 @contextlib.contextmanager
@@ -290,22 +329,31 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         if world.is_main:
             check_mergeable(run_dir)  # a results file that cannot take rows fails now, not after training
         run = prepare(cfg, run_dir, world)
-        t, progress = cfg.train, run.progress
-        with signals_deferred() as caught:
-            for step in range(progress.step + 1, t.steps + 1):
-                x, y = training_batch(run, step)
-                train_loss, grad = train_step(run, x, y, step)
-                run.bar.update()
-                progress.step, progress.tokens_seen = step, progress.tokens_seen + x.numel()
-                spikes = progress.spikes(step, train_loss, grad, t)
-                val_loss = None
-                if world.is_main and (step % t.eval_every == 0 or step == t.steps):  # the other ranks wait
-                    val_loss = validate(run, step)
-                if step % t.log_every == 0 or val_loss is not None or any(spikes):
-                    log_row(run, step, train_loss, grad, val_loss, spikes)
-                if step % t.checkpoint_every == 0 or step == t.steps or caught:
-                    save_resume_state(run)
-                if caught:
-                    raise stopped(run, caught[0], step)
+        train_loop(run)
         run.bar.close()
         return finish(run) if world.is_main else {}
+
+
+def train_loop(run: Run) -> None:
+    """From where ``run.progress`` stands to train.steps, or until patience runs out; last.pt saved on the way."""
+    t, progress = run.cfg.train, run.progress
+    last = progress.step if progress.out_of_patience else t.steps  # resumed after an early stop: nothing left
+    with signals_deferred() as caught:
+        for step in range(progress.step + 1, last + 1):
+            x, y = training_batch(run, step)
+            train_loss, grad = train_step(run, x, y, step)
+            run.bar.update()
+            progress.step, progress.tokens_seen = step, progress.tokens_seen + x.numel()
+            spikes = progress.spikes(step, train_loss, grad, t)
+            val_loss, validating = None, step % t.eval_every == 0 or step == t.steps
+            if validating and run.world.is_main:  # the other ranks wait
+                val_loss = validate(run, step)
+            if step % t.log_every == 0 or val_loss is not None or any(spikes):
+                log_row(run, step, train_loss, grad, val_loss, spikes)
+            stopping = validating and step < t.steps and stop_now(run, step)
+            if step % t.checkpoint_every == 0 or step == t.steps or caught or stopping:
+                save_resume_state(run)
+            if caught:
+                raise stopped(run, caught[0], step)
+            if stopping:
+                return

@@ -41,6 +41,8 @@ RUN_CSVS = {
         "seed",
         "params",
         "encoding_params",
+        "stopped_step",
+        "best_step",
     ),
     PER_POSITION: ("train_len", "seed", "stride", "eval_len", "position", "nll", "count"),
     PER_ARTICLE: ("train_len", "seed", "stride", "eval_len", "article", "tokens", "nll_sum"),
@@ -50,6 +52,10 @@ RUN_CSVS = {
     ATTENTION_CSV: ("train_len", "seed", "eval_len", "layer", "head", "entropy", "mean_distance"),
     BIAS_CSV: ("train_len", "seed", "head", "distance", "bias"),
 }
+
+
+#: A run's own columns that tell two runs' lines apart; a file without them gets the run's (``Runs.rows``).
+RUN_IDENTITY = ("precision", "train_lengths")
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,18 @@ class Run:
         values = self.tables[RESULTS].get("precision", pd.Series(dtype=object)).dropna().unique()
         return str(values[0]) if len(values) == 1 else ""
 
+    @property
+    def train_lengths(self) -> str:
+        """The lengths the run trained at, ``64|128|256`` (its train_len where results.csv does not say)."""
+        results = self.tables[RESULTS]
+        said = results.get("train_lengths", pd.Series(dtype=object)).dropna()
+        return lengths_text(said.iloc[0] if len(said) else results["train_len"].iloc[0])
+
+
+def lengths_text(value) -> str:
+    """A ``train_lengths`` value as written: one length that CSV reading made a number (256.0) is ``256``."""
+    return str(int(value)) if isinstance(value, (int, float, np.number)) else str(value)
+
 
 @dataclass(frozen=True)
 class Runs:
@@ -75,8 +93,8 @@ class Runs:
 
     def rows(self, name: str) -> pd.DataFrame:
         """The rows of every reported run's ``name`` CSV, in run order (no columns where no run has one)."""
-        frames = [
-            table if "precision" in table else table.assign(precision=run.precision)  # probe files: the run's
+        frames = [  # probe and per-position files: the run's precision and training lengths
+            table.assign(**{column: getattr(run, column) for column in RUN_IDENTITY if column not in table})
             for run in self.reported
             if name in run.tables
             for table in [run.tables[name]]

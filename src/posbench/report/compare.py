@@ -22,14 +22,15 @@ from ..errors import PosbenchError
 from ..evaluate import PER_ARTICLE
 from ..markdown import markdown_table
 from .collect import RESULTS, Runs
-from .tables import eval_modes, label, mode_title, natural_key, normalise, splits
+from .tables import at_train_len_alone, eval_modes, label, mode_title, natural_key, normalise, splits
 
 REPLICATES = 2000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
-#: A model is compared with the reference's model as trained measured alike: same columns but encoding, variant.
+#: A model is compared with the reference's model as trained measured alike: same columns but encoding, variant
+#: and train_lengths (the reference trained at its train_len alone).
 MEASUREMENT = ["train_len", "precision", "split", "eval_mode", "stride", "eval_len"]
-MODEL = ["encoding", "variant", *MEASUREMENT]
+MODEL = ["encoding", "variant", "train_lengths", *MEASUREMENT]
 COMPARE_COLUMNS = [
     "reference",
     *MODEL,
@@ -66,21 +67,30 @@ def compare_runs(runs: Runs, reference: str, root: Path) -> pd.DataFrame:
 def compare_encodings(articles: pd.DataFrame, reference: str) -> pd.DataFrame:
     """One row per model and measurement that ``reference`` as trained shares (COMPARE_COLUMNS), from
     per_article.csv rows on one footing."""
-    is_reference = (articles["encoding"] == reference) & (articles["variant"] == "")
+    is_reference = as_trained(articles, reference)
     reference_at = dict(iter(articles[is_reference].groupby(MEASUREMENT)))
     rows = []
     for key, model in articles[~is_reference].groupby(MODEL):
-        if key[2:] in reference_at:
-            pairs, unpaired = paired_seeds(model, reference_at[key[2:]])
+        measured = key[-len(MEASUREMENT) :]
+        if measured in reference_at:
+            pairs, unpaired = paired_seeds(model, reference_at[measured])
             row = dict(zip(MODEL, key), reference=reference, seeds=len(pairs), unpaired_seeds=unpaired)
             rows.append({**row, **paired_delta(pairs)})
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS).astype({"articles": "Int64"})  # empty without pairs
 
 
+def as_trained(articles: pd.DataFrame, reference: str) -> pd.Series:
+    """The rows of ``reference`` as trained: no evaluation-time variant, trained at its train_len alone."""
+    return (articles["encoding"] == reference) & (articles["variant"] == "") & at_train_len_alone(articles)
+
+
 def article_rows(runs: Runs) -> pd.DataFrame:
-    """The rows of every run's per_article.csv, with the run's folder, on one footing (``normalise``)."""
+    """The rows of every run's per_article.csv, with the run's folder and training lengths, on one footing
+    (``normalise``)."""
     frames = [
-        run.tables[PER_ARTICLE].assign(run_dir=str(run.folder)) for run in runs.reported if PER_ARTICLE in run.tables
+        run.tables[PER_ARTICLE].assign(run_dir=str(run.folder), train_lengths=run.train_lengths)
+        for run in runs.reported
+        if PER_ARTICLE in run.tables
     ]
     return normalise(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
 
@@ -97,7 +107,7 @@ def check_reference(articles: pd.DataFrame, reference: str, runs: Runs, root: Pa
         raise PosbenchError(
             f"compare={reference}: no run of encoding {reference} under {root}; runs there: {', '.join(encodings)}"
         )
-    if not ((articles["encoding"] == reference) & (articles["variant"] == "")).any():
+    if not as_trained(articles, reference).any():
         raise PosbenchError(
             f"compare={reference}: the runs of {reference} under {root} have no per-article NLL of the model as "
             f"trained (per_article.csv); {HOW_TO_WRITE}"
@@ -111,9 +121,10 @@ def check_one_run_per_seed(articles: pd.DataFrame) -> None:
     if len(doubled):
         key, (first, second, *_) = next(iter(doubled.items()))
         model = dict(zip([*MODEL, "seed"], key))
+        name = label(model["encoding"], model["variant"], model["train_len"], train_lengths=model["train_lengths"])
         raise PosbenchError(
-            f"compare: {label(model['encoding'], model['variant'], model['train_len'])} seed {model['seed']} "
-            f"was measured alike in two runs, {first} and {second}; pairing needs one per seed: report them apart"
+            f"compare: {name} seed {model['seed']} was measured alike in two runs, {first} and {second}; "
+            "pairing needs one per seed: report them apart"
         )
 
 
@@ -196,10 +207,11 @@ def compare_markdown(compare: pd.DataFrame, reference: str, uncompared: int) -> 
 def compare_table(compare: pd.DataFrame) -> str:
     """The Markdown rows of ``compare``, by model and eval length."""
     df = compare.sort_values(
-        ["encoding", "variant", "train_len", "precision", "eval_len"],
+        ["encoding", "variant", "train_len", "precision", "train_lengths", "eval_len"],
         key=lambda column: column.map(natural_key) if column.name == "variant" else column,
     )
     model = ["encoding", "variant", "train_len", *(["precision"] if (df["precision"] != "").any() else [])]
+    model += [] if at_train_len_alone(df).all() else ["train_lengths"]
     header = [*model, "eval_len", "seeds", "unpaired", "Δ NLL", f"{CONFIDENCE:.0%} CI", "ppl ratio", "CI excludes 0"]
     rows = []
     for row in df.itertuples():

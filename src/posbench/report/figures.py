@@ -146,23 +146,25 @@ def plot_per_position(per_position: pd.DataFrame, split: str, colours: dict, pat
     return True
 
 
-def plot_training_curves(curves: pd.DataFrame, colours: dict, path: Path) -> bool:
-    """Validation loss vs tokens seen, a line per (encoding, train_len); False if no run logged one."""
+def plot_training_curves(curves: pd.DataFrame, marks: pd.DataFrame, colours: dict, path: Path) -> bool:
+    """Validation loss vs tokens seen, a line per (encoding, train_len, train_lengths) (mean over seeds), each
+    run's stop marked × and its best validation ○; False if no run logged one."""
     if curves.empty:
         return False
     fig = Figure(figsize=(7.5, 4.8))
     ax = fig.subplots()
-    for (encoding, train_len), curve in curves.groupby(["encoding", "train_len"]):
-        ax.plot(
-            curve["tokens"],
-            curve["valid_loss"],
-            marker=".",
-            color=colours[encoding],
-            label=label(encoding, "", train_len),
-        )
+    styles = line_styles(list(curves.groupby(LINE).groups), colours)
+    for key, curve in by_line(curves):
+        ax.plot(curve["tokens"], curve["valid_loss"], marker=".", label=label(*key), **styles[key])
+    stopped, best = marks[marks["stopped"]], marks[marks["best"]]
+    stop_colours, best_colours = ([colours[e] for e in points["encoding"]] for points in (stopped, best))
+    ax.scatter(stopped["tokens"], stopped["valid_loss"], marker="x", s=50, c=stop_colours, zorder=3)
+    ax.scatter(
+        best["tokens"], best["valid_loss"], marker="o", s=40, facecolors="none", edgecolors=best_colours, zorder=3
+    )
     ax.set_xlabel("training tokens seen")
     ax.set_ylabel("validation loss (nats, mean over seeds)")
-    ax.set_title("Training curves")
+    ax.set_title("Training curves (×: where each run stopped, ○: its best validation loss)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
     fig.tight_layout()
@@ -178,4 +180,5 @@ def draw_figures(runs: Runs, results: pd.DataFrame, summary: pd.DataFrame, split
     colours = encoding_colours({*results["encoding"], *per_position.get("encoding", [])})
     plot_ppl_vs_length(results, summary, split, colours, out / "ppl_vs_length.png")
     plot_per_position(per_position, split, colours, out / "per_position_loss.png")
-    plot_training_curves(training_curves(runs.reported), colours, out / "training_curves.png")
+    curves, marks = training_curves(runs.reported)
+    plot_training_curves(unlabelled_single_precision(curves, results), marks, colours, out / "training_curves.png")

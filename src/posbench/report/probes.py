@@ -12,7 +12,7 @@ from ..probes.context import effective_context, gain_beyond
 from ..probes.copy import copy_reach
 from ..probes.suite import ATTENTION_CSV, CONTEXT_CSV, COPY_CSV
 from .collect import RESULTS, Run
-from .tables import LINE, line_key
+from .tables import LINE, at_train_len_alone, line_key
 
 #: The attention anatomy's eval lengths in the table, as multiples of train_len.
 ANATOMY_MULTIPLES = (1, 4, 16)
@@ -101,7 +101,7 @@ def run_numbers(run: Run) -> dict:
     first = results.iloc[0]
     train_len = int(first["train_len"])
     numbers = dict(encoding=first["encoding"], variant="", train_len=train_len, seed=first.get("seed", 0))
-    numbers["precision"] = run.precision
+    numbers.update(precision=run.precision, train_lengths=run.train_lengths)
     numbers.update(window_numbers(results, train_len))
     for name, derive in (
         (CONTEXT_CSV, lambda t: context_numbers(t, train_len)),
@@ -133,7 +133,10 @@ def probe_markdown(numbers: pd.DataFrame) -> list[str]:
         present = [c for c in columns if c[0] in numbers]
         if not present:
             continue
-        rows, line = [], [c for c in LINE if c != "precision" or numbers[c].astype(bool).any()]  # one: unnamed
+        named = dict(
+            precision=numbers["precision"].astype(bool).any(), train_lengths=not at_train_len_alone(numbers).all()
+        )
+        rows, line = [], [c for c in LINE if named.get(c, True)]  # one precision, no mixed lengths: unnamed
         for key, group in sorted(numbers.groupby(line), key=lambda item: line_key(item[0])):
             cells = [cell(group[column], digits) for column, _, digits in present]
             if any(cells):

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 
 from ..markdown import markdown_table
-from .collect import RESULTS, TRAIN_LOG, Run
+from .collect import RESULTS, TRAIN_LOG, Run, lengths_text
 
 #: The group whose seeds are averaged: one line of a figure, one row of a table.
-LINE = ["encoding", "variant", "train_len", "precision"]
+LINE = ["encoding", "variant", "train_len", "precision", "train_lengths"]
 POINT = [*LINE, "eval_mode", "split", "eval_len"]
 #: A model whose perplexity at its training length is above this fraction of the unigram
 #: reference has barely learned to use context.
@@ -22,7 +22,8 @@ CONTEXT_FREE = 0.8
 
 def normalise(results: pd.DataFrame) -> pd.DataFrame:
     """Rows of every version of results.csv on one footing: columns it lacked get their meaning
-    for a plain model (no variant, non-overlapping windows, stride = eval_len; precision unrecorded: "")."""
+    for a plain model (no variant, non-overlapping windows, stride = eval_len; precision unrecorded: "";
+    trained at train_len alone)."""
     df = results.copy()
     defaults = dict(variant="", eval_mode="nonoverlapping", seed=0, ppl_beyond=float("nan"), unigram_ppl=float("nan"))
     defaults.update(precision="")
@@ -33,6 +34,8 @@ def normalise(results: pd.DataFrame) -> pd.DataFrame:
         df[column] = df[column].astype("string").fillna(defaults[column]).astype(str)
     if "stride" not in df:
         df["stride"] = df["eval_len"]
+    lengths = df["train_lengths"] if "train_lengths" in df else df["train_len"]
+    df["train_lengths"] = lengths.fillna(df["train_len"]).map(lengths_text)
     return df
 
 
@@ -51,9 +54,19 @@ def by_line(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
     return sorted(df.groupby(LINE), key=lambda item: line_key(item[0]))
 
 
-def label(encoding: str, variant: str, train_len: int | None = None, precision: str = "") -> str:
+def label(
+    encoding: str, variant: str, train_len: int | None = None, precision: str = "", train_lengths: str = ""
+) -> str:
     name = " ".join(part for part in (encoding, variant, precision) if part)
-    return name if train_len is None else f"{name} (train {train_len})"
+    if train_len is None:
+        return name
+    return f"{name} (train {train_lengths if train_lengths not in ('', str(train_len)) else train_len})"
+
+
+def at_train_len_alone(df: pd.DataFrame) -> pd.Series:
+    """Whether each row's run trained at its train_len alone (no ``train.lengths``): its train_lengths says
+    nothing more, so lines and tables name train_lengths only where some run mixed lengths."""
+    return df["train_lengths"] == df["train_len"].astype(str)
 
 
 def unlabelled_single_precision(df: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
@@ -127,6 +140,8 @@ def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "pp
     table.index.names = LINE
     if (table.index.get_level_values("precision") == "").all():
         table.index = table.index.droplevel("precision")
+    if at_train_len_alone(table.index.to_frame()).all():
+        table.index = table.index.droplevel("train_lengths")
     lengths = sorted(c for c in table.columns if c != "unigram")
     table = table[lengths + (["unigram"] if "unigram" in table.columns else [])].fillna("")
     return table.loc[:, (table != "").any()]
@@ -146,7 +161,7 @@ def context_free_warnings(summary: pd.DataFrame, split: str) -> list[str]:
         & (summary["eval_len"] == summary["train_len"])
     ]
     return [
-        f"- **{label(p.encoding, p.variant, p.train_len, p.precision)}**: {split} perplexity {p.ppl_mean:.1f} at the "
+        f"- **{label(*(getattr(p, column) for column in LINE))}**: {split} perplexity {p.ppl_mean:.1f} at the "
         f"training length is not clearly below the unigram reference {p.unigram_ppl:.1f} "
         f"(above {CONTEXT_FREE:.0%} of it): the model has barely learned to use context, so its extrapolation "
         "numbers mean little."
@@ -213,17 +228,37 @@ def per_position_curves(
     return curves[[*LINE, "x", "nll", "count"]], longest
 
 
-def training_curves(runs: list[Run]) -> pd.DataFrame:
-    """Validation loss by tokens seen, mean over the seeds of each (encoding, train_len)."""
-    frames = []
-    for run in runs:
-        train_log = run.tables.get(TRAIN_LOG)
-        if train_log is None or not {"tokens", "valid_loss"} <= set(train_log.columns):
-            continue
-        first = run.tables[RESULTS].iloc[0]
-        valid = train_log.dropna(subset=["valid_loss"])
-        frames.append(valid.assign(encoding=first["encoding"], train_len=first["train_len"]))
+def training_curves(runs: list[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Validation loss by tokens seen: the mean per line over the seeds that reached those tokens, and each
+    run's points where it stopped (``stopped``) and at its best step (``best``), as results.csv records them
+    (runs from before stopped_step and best_step have none)."""
+    frames = [frame for frame in map(run_curve, runs) if frame is not None]
     if not frames:
-        return pd.DataFrame()
-    losses = pd.concat(frames, ignore_index=True).groupby(["encoding", "train_len", "tokens"])["valid_loss"]
-    return losses.mean().reset_index()
+        return pd.DataFrame(), pd.DataFrame()
+    points = pd.concat(frames, ignore_index=True)
+    means = points.groupby([*LINE, "tokens"])["valid_loss"].mean().reset_index()
+    return means, points[points["stopped"] | points["best"]]
+
+
+def run_curve(run: Run) -> pd.DataFrame | None:
+    """One run's validations (train_log.csv rows with a valid_loss), its line, and which are its stop and best."""
+    train_log, results = run.tables.get(TRAIN_LOG), run.tables[RESULTS]
+    if train_log is None or not {"step", "tokens", "valid_loss"} <= set(train_log.columns):
+        return None
+    valid = train_log.dropna(subset=["valid_loss"])
+    return valid.assign(
+        encoding=results["encoding"].iloc[0],
+        variant="",  # trained as it is
+        train_len=results["train_len"].iloc[0],
+        precision=run.precision,
+        train_lengths=run.train_lengths,
+        stopped=valid["step"] == recorded_step(results, "stopped_step"),
+        best=valid["step"] == recorded_step(results, "best_step"),
+    )
+
+
+def recorded_step(results: pd.DataFrame, column: str) -> float:
+    """A run's ``column`` (stopped_step, best_step) in its results.csv; NaN, which no step equals, where the
+    rows do not say (runs from before the column, rows that ``posbench eval`` added)."""
+    values = results[column].dropna() if column in results else ()
+    return values.iloc[0] if len(values) else float("nan")
