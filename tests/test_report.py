@@ -12,7 +12,13 @@ from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
 from posbench.positional import ENCODINGS
 from posbench.report import REPORT_DIR, collect_runs, report
 from posbench.report.collect import RESULTS, RUN_CSVS
-from posbench.report.figures import ENCODING_COLOURS, draw_figures, encoding_colours, line_styles
+from posbench.report.figures import (
+    ENCODING_COLOURS,
+    draw_figures,
+    encoding_colours,
+    length_ratio_curves,
+    line_styles,
+)
 from posbench.report.tables import aggregate, normalise
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
@@ -26,21 +32,22 @@ PPL = {
 UNIGRAM = 25.0
 
 
-def write_run(folder, encoding, seed, eval_mode="nonoverlapping", variant=""):
+def write_run(folder, encoding, seed, eval_mode="nonoverlapping", variant="", train_len=TRAIN_LEN):
     folder.mkdir(parents=True, exist_ok=True)
     rows = []
     for eval_len, ppl in zip(LENGTHS, PPL[encoding, seed]):
         stride = eval_len if eval_mode == "nonoverlapping" else 2
-        row = dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, eval_len=eval_len, split="test")
+        row = dict(encoding=encoding, variant=variant, train_len=train_len, eval_len=eval_len, split="test")
+        row.update(train_lengths=str(train_len))
         row.update(eval_mode=eval_mode, stride=stride, tokens=64, unigram_ppl=UNIGRAM, seed=seed, params=1)
         row.update(encoding_params=0, run_dir=str(folder), reason="")
         if ppl is None:
             row.update(status="unsupported", reason="too long")
         else:
-            row.update(status="ok", nll=math.log(ppl), ppl=ppl, ppl_beyond=ppl + 1 if eval_len > TRAIN_LEN else None)
+            row.update(status="ok", nll=math.log(ppl), ppl=ppl, ppl_beyond=ppl + 1 if eval_len > train_len else None)
         rows.append(row)
     pd.DataFrame(rows, columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
-    line = dict(encoding=encoding, variant=variant, train_len=TRAIN_LEN, seed=seed, split="test", eval_mode=eval_mode)
+    line = dict(encoding=encoding, variant=variant, train_len=train_len, seed=seed, split="test", eval_mode=eval_mode)
     positions = [dict(line, stride=8, eval_len=8, position=p, nll=1.0 + seed + p / 10, count=8) for p in range(8)]
     pd.DataFrame(positions, columns=PER_POSITION_COLUMNS).to_csv(folder / PER_POSITION, index=False)
     train_log = pd.DataFrame({"step": [1, 2], "tokens": [100, 200], "valid_loss": [5.0 + seed, 4.0 + seed]})
@@ -155,3 +162,19 @@ def test_variants_in_numeric_order(sweep):
     assert rows == sorted(rows)  # as strings ×16 would come before ×2 and ×4
     styles = line_styles([("alibi", "linear×16", 4), ("alibi", "linear×4", 4)], encoding_colours(["alibi"]))
     assert [k[1] for k in styles] == ["linear×4", "linear×16"]
+
+
+def test_a_training_length_axis_puts_eval_len_over_train_len_on_x(sweep):
+    """alibi trained at 4 and 8: a panel for alibi with one line per train_len against eval_len / train_len;
+    learned, trained at 4 only, and alibi's variant have none."""
+    write_run(sweep / "6_alibi_8", "alibi", 0, train_len=8)
+    write_run(sweep / "7_alibi_8_variant", "alibi", 0, train_len=8, variant="yarn×4")
+    out = report(sweep)
+    assert (out / "ppl_vs_length_ratio.png").stat().st_size > 1000
+    curves = length_ratio_curves(aggregate(normalise(collect_runs(sweep).rows(RESULTS))), "test")
+    assert set(curves["encoding"]) == {"alibi"}
+    by_length = {n: sorted(g["ratio"]) for n, g in curves.groupby("train_len")}
+    assert by_length == {4: [1.0, 2.0, 4.0], 8: [0.5, 1.0, 2.0]}
+    # at train_len 8, ratio 0.5 is eval_len 4: seed 0's 10.0 alone (no yarn row mixed in)
+    row = curves[(curves["train_len"] == 8) & (curves["ratio"] == 0.5)]
+    assert row["ppl_mean"].tolist() == [10.0]

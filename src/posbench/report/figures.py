@@ -1,4 +1,5 @@
-"""The report's figures, as PNG and SVG: perplexity vs length, loss by position, training curves.
+"""The report's figures, as PNG and SVG: perplexity vs length (and vs length / train_len where an encoding
+was trained at several lengths), loss by position, training curves.
 Pure functions of what ``collect_runs`` returned; each encoding keeps one colour in every figure."""
 
 from __future__ import annotations
@@ -122,6 +123,57 @@ def plot_ppl_vs_length(results: pd.DataFrame, summary: pd.DataFrame, split: str,
     save_figure(fig, path)
 
 
+def length_ratio_curves(summary: pd.DataFrame, split: str) -> pd.DataFrame:
+    """Mean perplexity of each plain model (no variant, one training length, non-overlapping windows) by
+    ``ratio`` = eval_len / train_len, for the encodings trained at two or more lengths (else empty)."""
+    df = summary[(summary["split"] == split) & summary["ppl_mean"].notna() & (summary["eval_mode"] == "nonoverlapping")]
+    df = df[df["variant"] == ""]
+    if "train_lengths" in df:
+        df = df[df["train_lengths"].astype(str) == df["train_len"].astype(str)]
+    lengths = df.groupby("encoding")["train_len"].nunique()
+    df = df[df["encoding"].isin(lengths[lengths > 1].index)]
+    return df.assign(ratio=df["eval_len"] / df["train_len"])[["encoding", "train_len", "ratio", "ppl_mean"]]
+
+
+def plot_ppl_vs_length_ratio(summary: pd.DataFrame, split: str, colours: dict, path: Path) -> bool:
+    """A panel per encoding trained at several lengths: perplexity vs eval_len / train_len, a line per
+    train_len (darker: longer); False if no encoding was."""
+    curves = length_ratio_curves(summary, split)
+    if curves.empty:
+        return False
+    encodings = sorted(curves["encoding"].unique())
+    fig = Figure(figsize=(4.2 * len(encodings), 4.2))
+    axes = fig.subplots(1, len(encodings), sharey=True, squeeze=False)[0]
+    for ax, encoding in zip(axes, encodings):
+        lengths = sorted(curves.loc[curves["encoding"] == encoding, "train_len"].unique())
+        for i, train_len in enumerate(lengths):
+            line = curves[(curves["encoding"] == encoding) & (curves["train_len"] == train_len)].sort_values("ratio")
+            alpha = 0.35 + 0.65 * (i + 1) / len(lengths)
+            ax.plot(
+                line["ratio"],
+                line["ppl_mean"],
+                marker="o",
+                markersize=4,
+                color=colours[encoding],
+                alpha=alpha,
+                linestyle=DASHES[i % len(DASHES)],
+                label=f"train_len {train_len}",
+            )
+        ax.axvline(1, color="grey", linestyle=":", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("eval_len / train_len")
+        ax.set_title(encoding)
+        plain_ticks(ax)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, frameon=False)
+    axes[0].set_ylabel(f"{split} perplexity (mean over seeds)")
+    fig.suptitle("Perplexity vs evaluation length in training lengths")
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
 def plot_per_position(per_position: pd.DataFrame, split: str, colours: dict, path: Path) -> bool:
     """Mean loss by position in the longest windows, a line per (encoding, variant, train_len); False if no data."""
     curves, longest = per_position_curves(per_position, split)
@@ -179,6 +231,7 @@ def draw_figures(runs: Runs, results: pd.DataFrame, summary: pd.DataFrame, split
         per_position = unlabelled_single_precision(normalise(per_position), results)
     colours = encoding_colours({*results["encoding"], *per_position.get("encoding", [])})
     plot_ppl_vs_length(results, summary, split, colours, out / "ppl_vs_length.png")
+    plot_ppl_vs_length_ratio(summary, split, colours, out / "ppl_vs_length_ratio.png")
     plot_per_position(per_position, split, colours, out / "per_position_loss.png")
     curves, marks = training_curves(runs.reported)
     plot_training_curves(unlabelled_single_precision(curves, results), marks, colours, out / "training_curves.png")
