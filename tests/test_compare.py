@@ -8,7 +8,7 @@ import pytest
 
 from posbench.cli import main
 from posbench.errors import PosbenchError
-from posbench.evaluate import PER_ARTICLE, PER_ARTICLE_COLUMNS, RESULT_COLUMNS
+from posbench.evaluate import PER_ARTICLE, PER_ARTICLE_COLUMNS, RESULT_COLUMNS, variant_of
 from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.report import REPORT_DIR, report
 from posbench.report.compare import REPLICATES, compare_encodings
@@ -110,12 +110,13 @@ def test_one_article_gives_no_ci():
     assert row["seeds"] == 3 and math.isnan(row["ci_low"]) and pd.isna(row["ci_excludes_zero"])
 
 
-def write_run(folder, per_article: pd.DataFrame | None, encoding: str, seed: int = 0) -> None:
+def write_run(folder, per_article: pd.DataFrame | None, encoding: str, seed: int = 0, variant: str = "") -> None:
     folder.mkdir(parents=True)
-    row = dict(MEASUREMENT, encoding=encoding, seed=seed, tokens=10, nll=1.0, ppl=math.e, status="ok")
+    row = dict(MEASUREMENT, encoding=encoding, variant=variant, seed=seed, tokens=10, nll=1.0, ppl=math.e, status="ok")
     pd.DataFrame([dict(row, run_dir=str(folder))], columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
     if per_article is not None:
-        per_article.assign(encoding=encoding, seed=seed)[PER_ARTICLE_COLUMNS].to_csv(folder / PER_ARTICLE, index=False)
+        rows = per_article.assign(encoding=encoding, variant=variant, seed=seed)
+        rows[PER_ARTICLE_COLUMNS].to_csv(folder / PER_ARTICLE, index=False)
 
 
 @pytest.fixture
@@ -146,6 +147,19 @@ def test_two_runs_of_one_seed_are_one_line(tmp_path, articles):
     write_run(tmp_path / "a_again", articles, "alibi")
     with pytest.raises(PosbenchError, match="alibi .*seed 0 was measured alike in two runs"):
         report(tmp_path, compare="rope")
+
+
+def test_a_run_trained_at_randomized_positions_is_compared_as_a_model_of_its_own(tmp_path, articles):
+    write_run(tmp_path / "a", articles, "alibi")
+    write_run(tmp_path / "r", articles, "rope")
+    write_run(
+        tmp_path / "r_randomized", articles, "rope", variant=variant_of({"name": "rope", "randomized_positions": 64})
+    )
+    compare = pd.read_csv(report(tmp_path, compare="alibi") / "compare.csv").fillna({"variant": ""})
+    assert sorted(zip(compare["encoding"], compare["variant"], compare["seeds"])) == [
+        ("rope", "", 1),
+        ("rope", "randpos64", 1),
+    ]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from torch import nn
 from posbench.attention import Attention, causal_mask, eager_attention
 from posbench.config import Config
 from posbench.errors import PosbenchError
-from posbench.evaluate import variant_of
+from posbench.evaluate import variant_of, variant_parts
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS, EncodingConfig, PositionEncoding, build_encoding, rotate_pairs
 from posbench.reevaluate import eval_schema, run_config
@@ -160,6 +160,19 @@ def test_variant_of_names_rope_scaling():
     assert variant_of(OmegaConf.create({"name": "rope"})) == ""
     assert variant_of(OmegaConf.create({"name": "rope", "scaling": {"type": "yarn", "factor": 4}})) == "yarn×4"
     assert variant_of(OmegaConf.create({"name": "alibi"})) == ""
+
+
+def test_randomized_positions_are_part_of_the_variant_and_say_how_the_model_was_trained():
+    rope = OmegaConf.create({"name": "rope", "randomized_positions": 8192})
+    assert variant_of(rope) == "randpos8192"
+    assert variant_of(OmegaConf.create({"name": "learned", "randomized_positions": 512})) == "randpos512"
+    yarn = OmegaConf.merge(rope, {"scaling": {"type": "yarn", "factor": 4}})
+    evaluated = OmegaConf.create({"window": 256, "blockwise": None, "attn_temperature": 1.5})
+    variant = variant_of(yarn, evaluated, OmegaConf.create({"logn_scaling": True}))
+    assert variant == "randpos8192+yarn×4+logn+window256+temp1.5"
+    assert variant_parts(variant) == ("randpos8192", "yarn×4+logn+window256+temp1.5")
+    assert variant_parts("randpos8192") == ("randpos8192", "") and variant_parts("") == ("", "")
+    assert variant_parts("window256") == ("", "window256")
 
 
 def saved_config(encoding: str):

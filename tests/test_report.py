@@ -8,7 +8,7 @@ import pytest
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
-from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS
+from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS, variant_of
 from posbench.positional import ENCODINGS
 from posbench.report import REPORT_DIR, collect_runs, report
 from posbench.report.collect import RESULTS, RUN_CSVS
@@ -19,7 +19,7 @@ from posbench.report.figures import (
     length_ratio_curves,
     line_styles,
 )
-from posbench.report.tables import aggregate, normalise
+from posbench.report.tables import aggregate, normalise, training_curves
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -178,3 +178,17 @@ def test_a_training_length_axis_puts_eval_len_over_train_len_on_x(sweep):
     # at train_len 8, ratio 0.5 is eval_len 4: seed 0's 10.0 alone (no yarn row mixed in)
     row = curves[(curves["train_len"] == 8) & (curves["ratio"] == 0.5)]
     assert row["ppl_mean"].tolist() == [10.0]
+
+
+def test_a_run_trained_at_randomized_positions_is_a_line_of_its_own(sweep):
+    randomized = variant_of({"name": "alibi", "randomized_positions": 64})
+    write_run(sweep / "4_alibi_randpos", "alibi", 1, variant=randomized)
+    out = report(sweep)
+    summary = pd.read_csv(out / "summary.csv").fillna({"variant": ""}).set_index(["encoding", "variant", "eval_len"])
+    assert summary.loc[("alibi", "", 4), "seeds"] == 2 and summary.loc[("alibi", "", 4), "ppl_mean"] == 12.0
+    assert summary.loc[("alibi", "randpos64", 4), "seeds"] == 1
+    assert summary.loc[("alibi", "randpos64", 4), "ppl_mean"] == 14.0  # seed 1's, not averaged with the plain run
+    assert "| alibi | randpos64 | 4 | 14.0 |" in (out / "summary.md").read_text()
+    curves, _ = training_curves(collect_runs(sweep).reported)
+    losses = curves[curves["encoding"] == "alibi"].set_index(["variant", "tokens"])["valid_loss"]
+    assert losses.to_dict() == {("", 100): 5.5, ("", 200): 4.5, ("randpos64", 100): 6.0, ("randpos64", 200): 5.0}

@@ -5,7 +5,8 @@ import math
 import pandas as pd
 import pytest
 
-from posbench.evaluate import RESULT_COLUMNS
+from posbench.config import EvalConfig
+from posbench.evaluate import RESULT_COLUMNS, variant_of
 from posbench.probes.attention import BIAS_COLUMNS
 from posbench.probes.attention import COLUMNS as ATTENTION_COLUMNS
 from posbench.probes.context import COLUMNS as CONTEXT_COLUMNS
@@ -22,18 +23,21 @@ RUNS = {
 }
 
 
-def frame(rows: list[dict], columns: list[str], encoding: str, seed: int) -> pd.DataFrame:
-    identity = dict(encoding=encoding, variant="", train_len=L, seed=seed)
+def frame(rows: list[dict], columns: list[str], encoding: str, seed: int, variant: str = "") -> pd.DataFrame:
+    identity = dict(encoding=encoding, variant=variant, train_len=L, seed=seed)
     return pd.DataFrame([{**identity, **row} for row in rows], columns=[*IDENTITY, *columns])
 
 
-def write_probed_run(folder, encoding, seed):
+def write_probed_run(folder, encoding, seed, randomized_positions=None):
+    """A run's results.csv and probe CSVs; ``randomized_positions``: trained at them (a variant of its rows)."""
     context_nll, gains, (window_nll, full_nll) = RUNS[encoding, seed]
     folder.mkdir(parents=True)
+    trained = dict(name=encoding, randomized_positions=randomized_positions)
+    variant, windowed = variant_of(trained), variant_of(trained, EvalConfig(window=L))
     results = []
-    for variant, eval_len, nll in (("", L, 5.0), ("", 16 * L, full_nll), (f"window{L}", 16 * L, window_nll)):
+    for row_variant, eval_len, nll in ((variant, L, 5.0), (variant, 16 * L, full_nll), (windowed, 16 * L, window_nll)):
         results.append(
-            dict(encoding=encoding, variant=variant, train_len=L, eval_len=eval_len, split="test", seed=seed)
+            dict(encoding=encoding, variant=row_variant, train_len=L, eval_len=eval_len, split="test", seed=seed)
             | dict(eval_mode="nonoverlapping", stride=eval_len, tokens=99, nll=nll, ppl=math.exp(nll), status="ok")
             | dict(run_dir=str(folder), reason="")
         )
@@ -43,18 +47,18 @@ def write_probed_run(folder, encoding, seed):
         for k, nll in zip([4, 8, 16, 64], context_nll)
         for subset in ("all", "repeat_far")
     ]
-    frame(context, CONTEXT_COLUMNS, encoding, seed).to_csv(folder / CONTEXT_CSV, index=False)
+    frame(context, CONTEXT_COLUMNS, encoding, seed, variant).to_csv(folder / CONTEXT_CSV, index=False)
     copies = [dict(distance=d, trials=4, gain=g, status="ok") for d, g in zip([0, 16, 64], gains)]
-    frame(copies, COPY_COLUMNS, encoding, seed).to_csv(folder / COPY_CSV, index=False)
+    frame(copies, COPY_COLUMNS, encoding, seed, variant).to_csv(folder / COPY_CSV, index=False)
     anatomy = [
         dict(eval_len=m * L, layer=0, head=h, entropy=m + h + seed, mass_beyond_train_len=0.1 * h, status="ok")
         for m in (1, 4, 16)
         for h in (0, 1)
     ]
-    frame(anatomy, ATTENTION_COLUMNS, encoding, seed).to_csv(folder / ATTENTION_CSV, index=False)
+    frame(anatomy, ATTENTION_COLUMNS, encoding, seed, variant).to_csv(folder / ATTENTION_CSV, index=False)
     if encoding == "alibi":
         bias = [dict(head=h, distance=d, bias=-d / (h + 1)) for h in (0, 1) for d in (0, 1, 8, 64)]
-        frame(bias, BIAS_COLUMNS, encoding, seed).to_csv(folder / BIAS_CSV, index=False)
+        frame(bias, BIAS_COLUMNS, encoding, seed, variant).to_csv(folder / BIAS_CSV, index=False)
 
 
 @pytest.fixture
@@ -94,3 +98,24 @@ def test_runs_without_probes_have_no_probe_sections(probed):
     assert "## Context usage" not in summary and "## Long-range copy" not in summary
     assert "## Window counterfactual" in summary  # from the window4 rows of results.csv
     assert not (out / "context_usage.png").exists()
+
+
+def test_a_run_trained_at_randomized_positions_has_probe_numbers_of_its_own(probed):
+    write_probed_run(probed / "rope_randomized", "rope", 0, randomized_positions=64)
+    out = report(probed)
+    numbers = pd.read_csv(out / "probes.csv").fillna({"variant": ""}).set_index(["encoding", "variant"])
+    assert numbers.loc[("rope", ""), "window_gap"] == pytest.approx(-0.4)
+    assert numbers.loc[("rope", "randpos64"), "window_gap"] == pytest.approx(-0.4)  # its windowed rows found
+    assert numbers.loc[("rope", "randpos64"), "gain_0"] == pytest.approx(0.05)
+    summary = (out / "summary.md").read_text()
+    assert "| rope |  | 4 | 1 | -0.4000 |" in summary and "| rope | randpos64 | 4 | 1 | -0.4000 |" in summary
+
+
+def test_a_window_gap_needs_both_lengths_measured(probed):
+    """A model that cannot serve 16 x train_len (learned) has no window gap, and the report is still made."""
+    results = pd.read_csv(probed / "rope_0" / "results.csv")
+    results.loc[results["eval_len"] == 16 * L, ["status", "nll", "ppl"]] = ["unsupported", None, None]
+    results.to_csv(probed / "rope_0" / "results.csv", index=False)
+    numbers = pd.read_csv(report(probed) / "probes.csv").set_index(["encoding", "seed"])
+    assert math.isnan(numbers.loc[("rope", 0), "window_gap"])
+    assert numbers.loc[("alibi", 0), "window_gap"] == pytest.approx(0.1)

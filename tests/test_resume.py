@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
-from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT
-from posbench.config import CONFIG_DIR
+from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, save_checkpoint
+from posbench.config import CONFIG_DIR, eval_lens_of
 from posbench.errors import PosbenchError
 from posbench.resume import RESUME_IGNORED, config_differences, finished_run, flatten, resume_source, start_afresh
 
@@ -26,6 +28,60 @@ def test_config_differences_ignore_only_settings_that_change_no_number(compose_c
     differences = config_differences(base, changed)
     assert "train.steps: 6 -> 7" in differences
     assert any(d.startswith("encoding.name: alibi -> rope") for d in differences)
+
+
+#: Keys added to the config after runs were saved, each off by default.
+ADDED_KEYS = (
+    "train.patience",
+    "train.lengths",
+    "train.copy_fraction",
+    "encoding.randomized_positions",
+    "model.logn_scaling",
+)
+
+
+def saved_before(cfg, keys=ADDED_KEYS) -> dict:
+    """``cfg`` as a run saved before ``keys`` existed would hold it."""
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    for key in keys:
+        section, name = key.split(".")
+        del saved[section][name]
+    return saved
+
+
+def test_a_key_added_since_a_run_was_saved_reads_as_its_default(compose_config):
+    cfg = compose_config("train", ["experiment=smoke", "encoding=rope"])
+    assert config_differences(saved_before(cfg), cfg) == []
+    changed = compose_config(
+        "train", ["experiment=smoke", "encoding=rope", "train.patience=3", "model.logn_scaling=true"]
+    )
+    assert config_differences(saved_before(cfg), changed) == [
+        "model.logn_scaling: False -> True",
+        "train.patience: None -> 3",
+    ]
+    saved = OmegaConf.to_container(changed, resolve=True)  # a value really saved, and another today
+    assert config_differences(saved, cfg) == ["model.logn_scaling: True -> False", "train.patience: 3 -> None"]
+
+
+def test_a_saved_key_this_version_lacks_is_refused_in_one_line(compose_config, tmp_path):
+    cfg = compose_config("train", ["experiment=smoke"])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    saved["train"]["retired_option"] = 1
+    save_checkpoint(tmp_path / CHECKPOINT, {"model": {}, "config": saved, "vocab": [], "valid_loss": 1.0})
+    (tmp_path / "results.csv").write_text("split,eval_len\n")
+    with pytest.raises(PosbenchError, match="has another config .*does not fit this version.*retired_option"):
+        finished_run(cfg, tmp_path)
+
+
+def test_a_run_finished_before_keys_were_added_is_skipped_and_a_changed_value_refused(compose_config, tmp_path):
+    cfg = compose_config("train", ["experiment=smoke", "encoding=rope"])
+    save_checkpoint(tmp_path / CHECKPOINT, {"model": {}, "config": saved_before(cfg), "vocab": [], "valid_loss": 1.5})
+    rows = [dict(split=split, eval_len=n, ppl=2.0) for split in cfg.eval.splits for n in eval_lens_of(cfg)]
+    pd.DataFrame(rows).to_csv(tmp_path / "results.csv", index=False)
+    assert finished_run(cfg, tmp_path)["best_valid_loss"] == 1.5
+    randomized = compose_config("train", ["experiment=smoke", "encoding=rope", "encoding.randomized_positions=512"])
+    with pytest.raises(PosbenchError, match=r"another config \(encoding.randomized_positions: None -> 512\)"):
+        finished_run(randomized, tmp_path)
 
 
 def test_folder_names_leave_out_exactly_the_keys_resume_ignores():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .data import DataConfig
 from .errors import PosbenchError
@@ -123,6 +123,24 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=Config)
     for name, (config_cls, _) in ENCODINGS.items():
         cs.store(group="schema/encoding", name=name, node=config_cls)
+
+
+def config_on_schema(saved) -> DictConfig:
+    """A saved run's config (a dict or DictConfig) on today's schema: ``Config`` and its encoding's dataclass,
+    so a key added since it was saved reads as its default. One line when it does not fit (an unknown
+    encoding, a key this version no longer has, a value of the wrong type)."""
+    saved = OmegaConf.create(saved)
+    name = OmegaConf.select(saved, "encoding.name")
+    if name not in ENCODINGS:
+        raise PosbenchError(f"the checkpoint's encoding {name!r} is unknown; known: {', '.join(ENCODINGS)}")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+        cfg.encoding = OmegaConf.merge(OmegaConf.structured(ENCODINGS[name][0]), saved.encoding)
+    except Exception as e:  # a checkpoint from an incompatible version of posbench
+        raise PosbenchError(
+            f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}"
+        ) from None
+    return cfg
 
 
 def eval_lens_of(cfg) -> list[int]:

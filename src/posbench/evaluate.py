@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,12 +244,19 @@ def merge_frames(frames: list[pd.DataFrame], columns: list[str], path: Path, key
         merge_csv(pd.concat(frames, ignore_index=True)[columns], path, keys)
 
 
+#: The label of a model trained at randomized positions (``randpos8192``): the part of a variant that
+#: says how the model was trained; every other label says how it was evaluated.
+RANDOMIZED_LABEL = "randpos"
+
+
 def variant_of(encoding_cfg, eval_cfg=None, model_cfg=None) -> str:
-    """The evaluation-time variant: the encoding's (e.g. ``yarn×4``), log-n scaling's (``logn``, from
-    ``model_cfg``) and the attention's from ``eval_cfg`` (``window256``, ``blockwise128``, ``temp1.2``),
-    joined by ``+``; empty for the model as trained."""
+    """The variant: the training-side randomized positions (``randpos8192``) and the evaluation-time
+    variant: the encoding's (e.g. ``yarn×4``), log-n scaling's (``logn``, from ``model_cfg``) and the
+    attention's from ``eval_cfg`` (``window256``, ``blockwise128``, ``temp1.2``), joined by ``+``; empty
+    for a model trained and evaluated plainly."""
     config = encoding_config(encoding_cfg)
-    labels = [ENCODINGS[config.name][1].variant_label(config)]
+    labels = ["" if config.randomized_positions is None else f"{RANDOMIZED_LABEL}{config.randomized_positions}"]
+    labels.append(ENCODINGS[config.name][1].variant_label(config))
     if model_cfg is not None and model_cfg.logn_scaling:
         labels.append("logn")
     if eval_cfg is not None:
@@ -256,6 +264,14 @@ def variant_of(encoding_cfg, eval_cfg=None, model_cfg=None) -> str:
         labels += [f"{name}{value}" for name, value in keys.items() if value is not None]
         labels.append("" if eval_cfg.attn_temperature is None else f"temp{eval_cfg.attn_temperature:g}")
     return "+".join(label for label in labels if label)
+
+
+def variant_parts(variant: str) -> tuple[str, str]:
+    """A ``variant_of`` name split into how the model was trained and how it was evaluated:
+    ``randpos8192+window256`` -> (``randpos8192``, ``window256``)."""
+    labels = variant.split("+") if variant else []
+    trained = [label for label in labels if re.fullmatch(rf"{RANDOMIZED_LABEL}\d+", label)]
+    return "+".join(trained), "+".join(label for label in labels if label not in trained)
 
 
 def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: int, max_tokens) -> tuple[str, str]:

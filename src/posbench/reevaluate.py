@@ -20,13 +20,13 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .checkpoint import CHECKPOINT, check_vocab, load_checkpoint
-from .config import Config, EvalConfig, check_config, check_eval
+from .config import EvalConfig, check_config, check_eval, config_on_schema
 from .data import Corpus, DataConfig, load_corpus
 from .errors import PosbenchError
 from .evaluate import RESULT_KEYS, check_mergeable, evaluate_lengths, merge_csv
 from .io import lock_run_dir
 from .model import LanguageModel
-from .positional import ENCODINGS, variant_namespaces
+from .positional import variant_namespaces
 from .runtime import legacy_precision, resolve_device, resolve_precision, set_threads
 
 log = logging.getLogger(__name__)
@@ -89,16 +89,8 @@ def check_command(cfg) -> None:
 
 def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictConfig:
     """The saved run's config on today's schema, with the command's ``keys`` replacing its values."""
-    name = saved.encoding.name
-    if name not in ENCODINGS:
-        raise PosbenchError(f"the checkpoint's encoding {name!r} is unknown; known: {', '.join(ENCODINGS)}")
-    try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
-        cfg.encoding = OmegaConf.merge(OmegaConf.structured(ENCODINGS[name][0]), saved.encoding)
-    except Exception as e:  # a checkpoint from an incompatible version of posbench
-        raise PosbenchError(
-            f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}"
-        ) from None
+    cfg = config_on_schema(saved)
+    name = cfg.encoding.name
     for key in keys:
         head = key.split(".")[0]
         if head in OWN_KEYS:

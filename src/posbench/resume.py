@@ -17,7 +17,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
-from .config import eval_lens_of
+from .config import config_on_schema, eval_lens_of
 from .errors import PosbenchError
 from .io import ERROR_FILE
 from .runtime import legacy_precision, resolve_device, resolve_precision, rng_states, set_rng_states
@@ -41,14 +41,19 @@ def flatten(tree, prefix: str = "") -> dict:
 def config_differences(saved, current) -> list[str]:
     """``key: saved -> current`` for every setting that changes the numbers (RESUME_IGNORED left out).
 
-    ``precision`` is compared as resolved on this run's device, so ``auto`` and the precision it picks
-    here are the same setting, and a run saved before the key existed ran in ``legacy_precision``.
+    The saved config is read on today's schema (``config_on_schema``): a key added since it was saved
+    reads as its default, which leaves a run as it was. ``precision`` is compared as resolved on this
+    run's device, so ``auto`` and the precision it picks here are the same setting, and a run saved
+    before the key existed ran in ``legacy_precision``.
     """
-    a = flatten(OmegaConf.to_container(OmegaConf.create(saved), resolve=True))
+    saved = OmegaConf.create(saved)
+    a = flatten(OmegaConf.to_container(config_on_schema(saved), resolve=True))
     b = flatten(OmegaConf.to_container(current, resolve=True))
     if "precision" in b:
         device = resolve_device(b["device"])
-        a["precision"] = resolve_precision(a["precision"], device)[0] if "precision" in a else legacy_precision(device)
+        a["precision"] = (
+            resolve_precision(saved.precision, device)[0] if "precision" in saved else legacy_precision(device)
+        )
         b["precision"] = resolve_precision(b["precision"], device)[0]
     keys = [k for k in sorted(a.keys() | b.keys()) if not any(k == i or k.startswith(f"{i}.") for i in RESUME_IGNORED)]
     absent = "(absent)"
@@ -62,6 +67,16 @@ def mismatch(what: str, differences: list[str]) -> PosbenchError:
     )
 
 
+def check_same_config(saved, current, what: str) -> None:
+    """Refuse to continue or skip a run saved with another config; ``what`` names the saved run."""
+    try:
+        differences = config_differences(saved, current)
+    except PosbenchError as e:  # saved by a version of posbench whose config this one cannot read
+        differences = [str(e)]
+    if differences:
+        raise mismatch(what, differences)
+
+
 def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
     """The metrics of a run already finished in ``run_dir`` with this config (results.csv complete), else None."""
     results_path, best_path = run_dir / "results.csv", run_dir / CHECKPOINT
@@ -70,9 +85,7 @@ def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
     if (run_dir / RESUME_CHECKPOINT).is_file():
         return None  # interrupted: a results.csv here was written by `eval`, not by the end of training
     best = load_checkpoint(best_path)
-    differences = config_differences(best["config"], cfg)
-    if differences:
-        raise mismatch(f"{run_dir} holds a finished run that", differences)
+    check_same_config(best["config"], cfg, f"{run_dir} holds a finished run that")
     try:
         results = pd.read_csv(results_path)
         measured = set(zip(results["split"], results["eval_len"]))
@@ -126,9 +139,7 @@ def restore(path: Path, model, optimizer, scheduler, gen, cfg, vocab) -> dict:
         raise PosbenchError(
             f"checkpoint {path} holds no training state (no {', '.join(missing)}); resume needs a {RESUME_CHECKPOINT}"
         )
-    differences = config_differences(state["config"], cfg)
-    if differences:
-        raise mismatch(f"checkpoint {path}", differences)
+    check_same_config(state["config"], cfg, f"checkpoint {path}")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

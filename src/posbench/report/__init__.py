@@ -58,7 +58,8 @@ def report(root: Path, compare: str | None = None) -> Path:
             write_csv(compared, building / "compare.csv")
             uncompared = sum(PER_ARTICLE not in run.tables for run in runs.reported)
             shown_compare = compare_markdown(unlabelled_single_precision(compared, results), compare, uncompared)
-        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, [*shown_compare, *shown_probes])
+        sections = [*shown_compare, *shown_probes]
+        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, sections=sections)
         write_text(markdown, building / "summary.md")
         draw_figures(runs, shown, shown_summary, splits(results)[0], building)
         draw_probe_figures(runs, encoding_colours(results["encoding"]), building, results)

@@ -7,12 +7,13 @@ import math
 
 import pandas as pd
 
+from ..evaluate import variant_parts
 from ..markdown import markdown_table
 from ..probes.context import effective_context, gain_beyond
 from ..probes.copy import copy_reach
 from ..probes.suite import ATTENTION_CSV, CONTEXT_CSV, COPY_CSV
 from .collect import RESULTS, Run
-from .tables import LINE, at_train_len_alone, line_key
+from .tables import LINE, at_train_len_alone, line_key, trained_variant
 
 #: The attention anatomy's eval lengths in the table, as multiples of train_len.
 ANATOMY_MULTIPLES = (1, 4, 16)
@@ -53,9 +54,10 @@ TABLES = [
 
 
 def as_trained(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the model as trained (no evaluation-time variant), their variant "" (read back as NaN)."""
-    plain = table["variant"].astype("string").fillna("") == "" if "variant" in table else True
-    return table[plain].assign(variant="")
+    """The rows of the model as trained (no evaluation-time variant), their variant how it was trained
+    ("" read back as NaN; ``randpos8192``)."""
+    variant = table["variant"].astype("string").fillna("").astype(str)
+    return table[variant.map(lambda v: variant_parts(v)[1] == "")].assign(variant=variant)
 
 
 def context_numbers(table: pd.DataFrame, train_len: int) -> dict:
@@ -77,7 +79,8 @@ def window_numbers(results: pd.DataFrame, train_len: int) -> dict:
     if not {"variant", "nll"} <= set(results.columns):  # results.csv of a version without windows
         return {}
     at = results[(results["split"] == "test") & (results["eval_len"] == GAP_MULTIPLE * train_len)]
-    at = at[at["status"] == "ok"].set_index(at["variant"].astype("string").fillna(""))["nll"]
+    at = at[at["status"] == "ok"]
+    at = at.set_index(at["variant"].astype("string").fillna("").map(lambda v: variant_parts(v)[1]))["nll"]
     window = f"window{train_len}"
     return dict(window_gap=at[window] - at[""]) if {window, ""} <= set(at.index) else {}
 
@@ -100,7 +103,8 @@ def run_numbers(run: Run) -> dict:
     results = run.tables[RESULTS]
     first = results.iloc[0]
     train_len = int(first["train_len"])
-    numbers = dict(encoding=first["encoding"], variant="", train_len=train_len, seed=first.get("seed", 0))
+    numbers = dict(encoding=first["encoding"], variant=trained_variant(results), train_len=train_len)
+    numbers.update(seed=first.get("seed", 0))
     numbers.update(precision=run.precision, train_lengths=run.train_lengths)
     numbers.update(window_numbers(results, train_len))
     for name, derive in (

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..evaluate import variant_parts
 from ..markdown import markdown_table
 from .collect import RESULTS, TRAIN_LOG, Run, lengths_text
 
@@ -177,11 +178,11 @@ def mode_title(results: pd.DataFrame, mode: str) -> str:
 
 
 def summary_markdown(
-    root: Path, results: pd.DataFrame, summary: pd.DataFrame, left_out: dict[Path, str], probes: list[str] = ()
+    root: Path, results: pd.DataFrame, summary: pd.DataFrame, left_out: dict[Path, str], sections: list[str] = ()
 ) -> str:
-    """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the ``probes`` sections,
-    the runs (or rows) left out."""
-    sections = [
+    """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the further ``sections``
+    (the paired comparison's, the probes'), the runs (or rows) left out."""
+    parts = [
         f"# posbench report\n\n{results['run_dir'].nunique()} runs under `{root}`. Cells: mean ± sample standard "
         "deviation over seeds (the `seeds` column of summary.csv says how many); in brackets the change of the "
         "mean relative to the training length; `unigram`: the perplexity of a model that ignores context "
@@ -189,19 +190,19 @@ def summary_markdown(
     ]
     warnings = context_free_warnings(summary, splits(results)[0])
     if warnings:
-        sections.append("## Models that barely use context\n\n" + "\n".join(warnings))
+        parts.append("## Models that barely use context\n\n" + "\n".join(warnings))
     for split in splits(results):
         for mode in eval_modes(summary[summary["split"] == split]):
             ppl = to_markdown(summary_table(summary, split, mode))
-            sections.append(f"## {split} perplexity, {mode_title(results, mode)}\n\n{ppl}")
+            parts.append(f"## {split} perplexity, {mode_title(results, mode)}\n\n{ppl}")
             beyond = to_markdown(summary_table(summary, split, mode, value="ppl_beyond"))
-            sections.append(
+            parts.append(
                 f"### {split}, {mode}: perplexity of the tokens at window positions ≥ train_len only\n\n{beyond}"
             )
-    sections += probes
+    parts += sections
     if left_out:
-        sections.append("## Runs left out\n\n" + "\n".join(f"- `{run}`: {reason}" for run, reason in left_out.items()))
-    return "\n\n".join(sections) + "\n"
+        parts.append("## Runs left out\n\n" + "\n".join(f"- `{run}`: {reason}" for run, reason in left_out.items()))
+    return "\n\n".join(parts) + "\n"
 
 
 def per_position_curves(
@@ -248,13 +249,20 @@ def run_curve(run: Run) -> pd.DataFrame | None:
     valid = train_log.dropna(subset=["valid_loss"])
     return valid.assign(
         encoding=results["encoding"].iloc[0],
-        variant="",  # trained as it is
+        variant=trained_variant(results),  # as trained: no evaluation-time variant
         train_len=results["train_len"].iloc[0],
         precision=run.precision,
         train_lengths=run.train_lengths,
         stopped=valid["step"] == recorded_step(results, "stopped_step"),
         best=valid["step"] == recorded_step(results, "best_step"),
     )
+
+
+def trained_variant(results: pd.DataFrame) -> str:
+    """The part of a run's variant that says how it was trained (``randpos8192``; "" for most runs), from its
+    results.csv rows."""
+    variants = results["variant"].astype("string").fillna("") if "variant" in results else pd.Series([""])
+    return variant_parts(str(variants.iloc[0]))[0]
 
 
 def recorded_step(results: pd.DataFrame, column: str) -> float:
