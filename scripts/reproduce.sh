@@ -112,13 +112,29 @@ stage_runs() {  # the runs of stage $1, started with train()
             done ;;
         quick)
             for encoding in $CORE; do train "encoding=${encoding}" experiment=study "encoding=$encoding" \
-                train.steps=300 train.patience=null 'probes=[context,window]'; done ;;
+                train.steps=300 train.patience=null eval.max_tokens=16384 'probes=[context,window]'; done ;;
         *) echo "[reproduce] unknown stage $1" >&2; exit 2 ;;
     esac
 }
 
 # every evaluation of one finished run, one after another (two in one folder would race)
-run_finished_seed_runs() {
+run_evals() {
+    local run=$1 encoding seed
+    encoding=$(awk '/^encoding:/ {inside = 1; next} inside && /^  name:/ {print $2; exit}' "$run/.hydra/config.yaml")
+    seed=$(sed -n 's/^seed: //p' "$run/.hydra/config.yaml")
+    eval_run() { "$PYTHON" -m posbench "$@" "checkpoint=$run" "${COMMON[@]}" "${EVAL_ARGS[@]}"; }
+    if [[ "$encoding" == rope ]]; then
+        eval_run -m eval rope.scaling.type=linear,ntk,yarn rope.scaling.factor=4,16
+    fi
+    if [[ "$seed" == 0 && " $REMEDY_ENCODINGS " == *" $encoding "* ]]; then
+        eval_run eval model.logn_scaling=true
+        eval_run -m eval eval.attn_temperature=1.25,1.5,2
+    fi
+    if [[ "$encoding" == xpos ]]; then eval_run eval eval.blockwise=256; fi
+    eval_run eval eval.mode=sliding "eval.stride=${STRIDE}"  # the longest, last
+}
+
+finished_seed_runs() {
     local checkpoint
     for checkpoint in "$OUT"/seed[0-2]/*/checkpoint.pt; do [[ -e "$checkpoint" ]] && dirname "$checkpoint"; done
     return 0

@@ -266,3 +266,31 @@ def test_reproduce_lengths_keep_tokens_per_step_and_evaluate_to_32x_capped(clone
         lengths = [int(n) for n in lengths.strip("[]").split(",")]
         assert int(train_len) * int(batch) == 1024
         assert lengths == [int(train_len) * m for m in (1, 2, 4, 8, 16, 32) if int(train_len) * m <= 16384]
+
+
+def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
+    """The evals stage: RoPE scalings on a rope run, log-n and temperatures on seed 0's remedy encodings,
+    blockwise on xPos, sliding windows on each; runs of other stages and unfinished ones are left alone."""
+    for stage, encoding, seed, finished in [
+        ("seed0", "rope", 0, True),
+        ("seed1", "xpos", 1, True),
+        ("seed2", "alibi", 2, False),
+        ("remedies", "none", 0, True),
+    ]:
+        run = tmp_path / "out" / stage / f"encoding={encoding},seed={seed}"
+        (run / ".hydra").mkdir(parents=True)
+        config = f"encoding:\n  name: {encoding}\nmodel:\n  name: paper\nseed: {seed}\n"
+        (run / ".hydra" / "config.yaml").write_text(config)
+        if finished:
+            (run / "checkpoint.pt").write_text("")
+    commands = reproduce(clone, tmp_path, "evals")
+    by_run = {}
+    for command in commands:
+        [checkpoint] = values_of("checkpoint", [command])
+        by_run.setdefault(Path(checkpoint).name, []).append(" ".join(a for a in command if "checkpoint=" not in a))
+    rope, xpos = by_run.pop("encoding=rope,seed=0"), by_run.pop("encoding=xpos,seed=1")
+    assert by_run == {}
+    assert any("rope.scaling.type=linear,ntk,yarn" in c for c in rope)
+    assert any("model.logn_scaling=true" in c for c in rope) and any("eval.attn_temperature=" in c for c in rope)
+    assert any("eval.blockwise=256" in c for c in xpos) and not any("logn" in c for c in xpos)
+    assert all(any("eval.mode=sliding" in c and "eval.stride=256" in c for c in cmds) for cmds in (rope, xpos))
