@@ -27,8 +27,8 @@ sweep() {  # folder, overrides
 evals() {  # on each plain run: log-n scaling; for none also attention temperatures
     local run
     for run in "$OUT"/plain/*/; do
-        "$PYTHON" -m posbench eval "checkpoint=${run}" model.logn_scaling=true
-        [[ "$run" != *encoding=none* ]] || "$PYTHON" -m posbench -m eval "checkpoint=${run}" \
+        "$PYTHON" -m posbench eval "checkpoint='${run}'" model.logn_scaling=true
+        [[ "$run" != *encoding=none* ]] || "$PYTHON" -m posbench -m eval "checkpoint='${run}'" \
             eval.attn_temperature=1.25,1.5,2
     done
 }

@@ -122,7 +122,7 @@ run_evals() {
     local run=$1 encoding seed
     encoding=$(awk '/^encoding:/ {inside = 1; next} inside && /^  name:/ {print $2; exit}' "$run/.hydra/config.yaml")
     seed=$(sed -n 's/^seed: //p' "$run/.hydra/config.yaml")
-    eval_run() { "$PYTHON" -m posbench "$@" "checkpoint=$run" "${COMMON[@]}" "${EVAL_ARGS[@]}"; }
+    eval_run() { "$PYTHON" -m posbench "$@" "checkpoint='$run'" "${COMMON[@]}" "${EVAL_ARGS[@]}"; }
     if [[ "$encoding" == rope ]]; then
         eval_run -m eval rope.scaling.type=linear,ntk,yarn rope.scaling.factor=4,16
     fi

@@ -286,8 +286,10 @@ def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     commands = reproduce(clone, tmp_path, "evals")
     by_run = {}
     for command in commands:
-        [checkpoint] = values_of("checkpoint", [command])
+        [checkpoint] = [v.strip("'") for v in values_of("checkpoint", [command])]
         by_run.setdefault(Path(checkpoint).name, []).append(" ".join(a for a in command if "checkpoint=" not in a))
+    # quoted: a run folder named by its overrides holds '=' and ',', which Hydra would parse
+    assert all(v.startswith("'") and v.endswith("'") for v in values_of("checkpoint", commands))
     rope, xpos = by_run.pop("encoding=rope,seed=0"), by_run.pop("encoding=xpos,seed=1")
     assert by_run == {}
     assert any("rope.scaling.type=linear,ntk,yarn" in c for c in rope)
