@@ -199,3 +199,14 @@ def test_derived_numbers_from_a_known_curve():
 def test_bad_options_name_their_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         ContextProbeConfig(**kwargs)
+
+
+def test_a_context_the_encoding_serves_with_hardly_more_is_not_probed_past_train_len(tiny_lm):
+    """Learned with a table of 64 rows, trained at 16: k = 32 is served with 8 targets per 39-token window;
+    k = 64 only with one target per 64-token window, 64 forward tokens per target (> train_len 16), which at
+    scale (k = 4,096: 4,096 windows of 4,096 tokens) takes hours: unsupported, saying why, not probed."""
+    model = tiny_lm("learned", vocab=VOCAB, train_len=16, options={"max_positions": 64}).eval()
+    df = context_usage(model, stream(600), 16, ContextProbeConfig(targets=32, block=8, contexts=[16, 32, 64]), 256)
+    status = df.groupby("context")["status"].agg(set)
+    assert status[16] == {"ok"} and status[32] == {"ok"} and status[64] == {"unsupported"}
+    assert df[df["context"] == 64]["reason"].str.contains("too costly to probe").all()

@@ -150,12 +150,20 @@ def summarize(nll: np.ndarray, subsets: np.ndarray) -> list[dict]:
     return rows
 
 
-def served_per_window(model: nn.Module, context: int) -> int | None:
-    """The largest m <= max(1, k // 4), halving, whose windows (k + m - 1 tokens) the encoding can serve."""
+def served_per_window(model: nn.Module, context: int, train_len: int) -> tuple[int | None, str]:
+    """(m, "") for the largest m <= max(1, k // 4), halving, whose windows (k + m - 1 tokens) the encoding can
+    serve, or (None, why) where it cannot, or where beyond train_len the windows it can serve would cost more
+    than train_len tokens per target (an encoding that serves k but hardly more: ~k forward tokens per target)."""
     per_window = per_window_for(context)
     while model.encoding.unsupported_reason(context + per_window - 1) is not None and per_window > 1:
         per_window //= 2
-    return None if model.encoding.unsupported_reason(context + per_window - 1) else per_window
+    reason = model.encoding.unsupported_reason(context + per_window - 1)
+    if reason:
+        return None, reason
+    if context > train_len and context + per_window - 1 > per_window * train_len:
+        served = context + per_window - 1
+        return None, f"serves windows of {served} tokens, {per_window} target(s) each: too costly to probe"
+    return per_window, ""
 
 
 def context_usage(
@@ -180,9 +188,8 @@ def context_usage(
     rows = []
     for context in contexts:
         where = dict(split=split, context=context)
-        per_window = served_per_window(model, context)
+        per_window, reason = served_per_window(model, context, train_len)
         if per_window is None:
-            reason = model.encoding.unsupported_reason(context)
             rows += [dict(where, subset=s, targets=0, status="unsupported", reason=reason) for s in SUBSETS]
             continue
         nll = score_at_context(model, tokens, targets, plan_windows(targets, context, per_window), batch_tokens)
