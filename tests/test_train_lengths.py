@@ -68,6 +68,15 @@ def test_random_order_is_a_function_of_seed_and_step(compose_config):
     assert schedule(lengths_config(compose_config, "train.lengths=[8,16,32]", "train.steps=300", "seed=1")) != lengths
 
 
+def test_results_name_the_order_so_a_curriculum_is_not_taken_for_another_seed(compose_config):
+    from posbench.config import train_lengths_label
+
+    random_order = lengths_config(compose_config, "train.lengths=[32,8,16]")
+    curriculum = lengths_config(compose_config, "train.lengths=[32,8,16]", "train.length_order=curriculum")
+    assert train_lengths_label(random_order) == "8|16|32" and train_lengths_label(curriculum) == "8>16>32"
+    assert train_lengths_label(lengths_config(compose_config)) == "32"
+
+
 def test_without_lengths_every_step_is_at_train_len(compose_config):
     assert set(schedule(lengths_config(compose_config, "train.steps=20"))) == {32}
 

@@ -190,6 +190,12 @@ def train_lengths_of(cfg) -> list[int]:
 LENGTH_ORDERS = ("random", "curriculum")
 
 
+def train_lengths_label(cfg) -> str:
+    """results.csv's ``train_lengths``: ``64|128|256`` in random order, ``64>128>256`` as a curriculum (the
+    order is part of how the model was trained, so the report keeps the two apart), ``256`` alone."""
+    return (">" if cfg.train.length_order == "curriculum" else "|").join(map(str, train_lengths_of(cfg)))
+
+
 def check_train_lengths(cfg) -> None:
     """``train.lengths``: positive, distinct, longest = train_len, each keeping tokens per step equal."""
     t = cfg.train

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .config import eval_lens_of, train_lengths_of
+from .config import eval_lens_of, train_lengths_label
 from .data import UNK, Corpus
 from .errors import PosbenchError
 from .io import write_csv
@@ -310,7 +310,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
         encoding=cfg.encoding.name,
         variant=variant_of(cfg.encoding, e, cfg.model),
         train_len=cfg.train_len,
-        train_lengths="|".join(map(str, train_lengths_of(cfg))),
+        train_lengths=train_lengths_label(cfg),
         eval_mode=e.mode,
         seed=cfg.seed,
         params=model.num_params(),
