@@ -3,8 +3,8 @@
 # ENCODINGS, trained plain and with each training-side remedy (mixed lengths, randomized positions);
 # the evaluation-time remedies (log-n scaling; attention temperature for none) on the plain runs; the
 # context probe on every run; then one report.
-#   scripts/remedies.sh [STEP...]     steps: plain lengths curriculum randomized evals report (default: all
-#                                     but curriculum). Runs are skipped when finished, resumed when killed.
+#   scripts/remedies.sh [STEP...]     steps: plain lengths curriculum randomized evals report (default:
+#                                     all). Runs are skipped when finished, resumed when killed.
 # Settings from the environment: OUT (outputs/remedies), JOBS (2: runs at a time, one thread each, through
 # hydra/launcher=joblib of the cluster extra), ENCODINGS (rope,sinusoidal,learned,none), TRAIN_ARGS.
 set -euo pipefail
@@ -48,5 +48,5 @@ step() {
 }
 
 steps=("$@")
-(( ${#steps[@]} )) || steps=(plain lengths randomized evals report)
+(( ${#steps[@]} )) || steps=(plain lengths curriculum randomized evals report)
 for s in "${steps[@]}"; do step "$s"; done
