@@ -34,7 +34,7 @@ def tokens(length: int = SEQ, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor
 
 @torch.no_grad()
 def windowed_nll(lm: LanguageModel, window: int | None, x, y) -> torch.Tensor:
-    with lm.attention.windowed(window):
+    with lm.attention.evaluated_as(window=window):
         return lm.token_nll(x, y)
 
 
@@ -62,7 +62,7 @@ def test_a_window_as_wide_as_the_sequence_changes_nothing(name, backend):
     plain = windowed_nll(lm, None, x, y)
     for window in (SEQ, SEQ + 7):
         assert torch.equal(windowed_nll(lm, window, x, y), plain)
-        with lm.attention.windowed(window):  # the very plan of the plain pass: no window, sdpa's causal flag
+        with lm.attention.evaluated_as(window=window):  # the very plan of the plain pass: no window, sdpa's causal flag
             plan = lm.attention.plan(SEQ, x.device, False, 0.0)
         assert plan.window is None and (plan.mask is None) == (backend == "sdpa" and not lm.encoding.has_bias)
 
@@ -84,7 +84,7 @@ def test_query_blocks_keep_the_window(name, backend, monkeypatch):
     full = windowed_nll(build(name, backend), WINDOW, x, y)
     monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * TINY["n_heads"] * SEQ * 7)
     lm = build(name, backend)
-    with lm.attention.windowed(WINDOW):
+    with lm.attention.evaluated_as(window=WINDOW):
         assert lm.attention.plan(SEQ, x.device, False, 0.0).query_block == 7
     torch.testing.assert_close(windowed_nll(lm, WINDOW, x, y), full, atol=1e-5, rtol=1e-5)
 
@@ -104,7 +104,7 @@ def test_a_windowed_model_does_not_see_past_its_receptive_field(name):
 
 def test_the_window_is_undone_after_the_block():
     lm = build("alibi", "sdpa")
-    with lm.attention.windowed(4):
+    with lm.attention.evaluated_as(window=4):
         assert lm.attention.window == 4
     assert lm.attention.window is None
 
@@ -126,7 +126,7 @@ def test_a_windowed_model_has_a_flat_context_curve_beyond_its_receptive_field():
     lm = build("alibi", "sdpa")
     stream = torch.randint(0, VOCAB, (400,), generator=torch.Generator().manual_seed(3))
     probe = ContextProbeConfig(targets=64, contexts=[4, 16, 32, 64], block=8)
-    with lm.attention.windowed(WINDOW):
+    with lm.attention.evaluated_as(window=WINDOW):
         nll = curve(context_usage(lm, stream, SEQ, probe, batch_tokens=4096))
     assert nll[16] == pytest.approx(nll[64], abs=1e-5) and nll[32] == pytest.approx(nll[64], abs=1e-5)
     assert abs(nll[4] - nll[64]) > 1e-3

@@ -282,10 +282,6 @@ class Attention:
         finally:
             self.window, self.blockwise, self.temperature = previous
 
-    def windowed(self, window: int | None):
-        """``evaluated_as`` with a window only (no blocks, no temperature): each query sees its last ``window`` keys."""
-        return self.evaluated_as(window=window)
-
     def flex_obstacle(self, device: torch.device, needs_grad: bool, dropout_p: float) -> str | None:
         """Why flex cannot serve this pass, or ``None`` if it can."""
         if self.flex_broken:

@@ -66,37 +66,13 @@ RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision
 RESULTS = "results.csv"
 PER_POSITION = "per_position.csv"
 PER_POSITION_KEYS = [*RESULT_KEYS, "position"]
-PER_POSITION_COLUMNS = [
-    "encoding",
-    "variant",
-    "train_len",
-    "seed",
-    "split",
-    "eval_mode",
-    "stride",
-    "eval_len",
-    "position",
-    "nll",
-    "count",
-    "precision",
-]
+#: Columns that say which measurement a per-position or per-article row belongs to.
+MEASUREMENT_COLUMNS = ["encoding", "variant", "train_len", "seed", "split", "eval_mode", "stride", "eval_len"]
+PER_POSITION_COLUMNS = [*MEASUREMENT_COLUMNS, "position", "nll", "count", "precision"]
 PER_ARTICLE = "per_article.csv"
 #: A measurement's rows are replaced whole: its number of articles changes with eval.max_tokens.
 PER_ARTICLE_KEYS = RESULT_KEYS
-PER_ARTICLE_COLUMNS = [
-    "encoding",
-    "variant",
-    "train_len",
-    "seed",
-    "split",
-    "eval_mode",
-    "stride",
-    "eval_len",
-    "article",
-    "tokens",
-    "nll_sum",
-    "precision",
-]
+PER_ARTICLE_COLUMNS = [*MEASUREMENT_COLUMNS, "article", "tokens", "nll_sum", "precision"]
 
 
 @dataclass

@@ -4,7 +4,7 @@
 * :mod:`.copy`: long-range copy (how well a random span is predicted when it repeats d tokens later);
 * :mod:`.attention`: attention anatomy (entropy, distance, far mass per head; bias curves).
 
-The window counterfactual is an evaluation with ``eval.window`` (``Attention.windowed``).
+The window counterfactual is an evaluation with ``eval.window`` (``Attention.evaluated_as``).
 Each probe is a function of a model, a token stream and its options that returns a DataFrame
 without the run's identity columns (encoding, variant, train_len, seed); :mod:`.config` holds
 their names and options, :mod:`.suite` runs them and writes their CSVs. This package holds
