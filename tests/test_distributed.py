@@ -83,6 +83,8 @@ def ddp_step(rank: int, size: int, init_file: str, out: str) -> None:
     local = loss_fn(x[rows], y[rows]).mean()
     local.backward()
     torch.save({"local": local.item(), "mean": world.mean(local), "grad": model.logits.weight.grad}, f"{out}/{rank}.pt")
+    del loss_fn  # DDP's reducer goes before its process group: the other order can abort the process
+    dist.barrier()
     dist.destroy_process_group()
 
 
