@@ -75,7 +75,8 @@ train() { RUNS+=("$*"); }
 start_run() {
     local args
     read -r -a args <<< "$1"
-    spawn "$PYTHON" -m posbench train "${args[@]:1}" "${COMMON[@]}" "hydra.run.dir=$OUT/$GROUP/${args[0]}" \
+    # quoted: a folder named by its overrides holds '=' and ',', which Hydra would parse
+    spawn "$PYTHON" -m posbench train "${args[@]:1}" "${COMMON[@]}" "hydra.run.dir='$OUT/$GROUP/${args[0]}'" \
         "${TRAIN_ARGS[@]}"
 }
 
@@ -173,11 +174,6 @@ if [[ "${1:-}" == list ]]; then
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done
     done
     echo "evals.N  the evaluations of finished seed runs N*PART-PART+1..N*PART; report"
-    exit 0
-fi
-if [[ "${1:-}" == list ]]; then
-    train() { echo "  $STAGE/$1: ${*:2}"; }
-    for STAGE in seed0 seed1 seed2 remedies lengths quick; do echo "$STAGE"; stage_runs "$STAGE"; done
     exit 0
 fi
 if (( QUICK )); then

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import posbench
 from posbench import data
@@ -236,7 +237,17 @@ def reproduce(clone: Path, cwd: Path, *stages: str, **env: str) -> list[list[str
     env = {**os.environ, "PYTHON": "echo", "OUT": str(cwd / "out"), **env}
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    return sorted(line.split()[2:] for line in done.stdout.splitlines() if line.startswith("-m posbench "))
+    commands = sorted(line.split()[2:] for line in done.stdout.splitlines() if line.startswith("-m posbench "))
+    for args in commands:
+        assert_hydra_reads_run_dir_and_checkpoint_as_one_path(args)
+    return commands
+
+
+def assert_hydra_reads_run_dir_and_checkpoint_as_one_path(args: list[str]) -> None:
+    """What Hydra's own override parser makes of the folder arguments: one path each, never a sweep."""
+    for override in OverridesParser.create().parse_overrides([a for a in args if "=" in a]):
+        if override.key_or_group in ("hydra.run.dir", "checkpoint"):
+            assert not override.is_sweep_override() and "=" in override.value(), override.input_line
 
 
 def test_reproduce_trains_every_conf_encoding_on_the_shipped_slice(clone, tmp_path):
@@ -244,7 +255,7 @@ def test_reproduce_trains_every_conf_encoding_on_the_shipped_slice(clone, tmp_pa
     assert [c[0] for c in commands] == ["train"] * len(commands)
     assert sorted(values_of("encoding", commands)) == sorted(ENCODINGS + ["throwaway"])
     assert all("experiment=study" in c and "seed=1" in c for c in commands)
-    folders = values_of("hydra.run.dir", commands)
+    folders = [f.strip("'") for f in values_of("hydra.run.dir", commands)]
     assert len(set(folders)) == len(commands) and all(f.startswith(f"{tmp_path}/out/seed1/") for f in folders)
     assert values_of("data.path", commands) == []
     (tmp_path / "data").mkdir()
