@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import platform
 import random
+import resource
 
 import pytest
 import torch
@@ -88,3 +90,20 @@ def test_autocast_is_bf16_for_bf16_only():
         assert (a @ a).dtype == torch.float32
     with autocast("cpu", "bf16"):
         assert (a @ a).dtype == torch.bfloat16
+
+
+def faults_of_a_second_64mib_fill() -> int:
+    """Minor page faults of filling 64 MiB again right after the same size was filled and freed."""
+    torch.ones(16 << 20)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(16 << 20)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_freed_memory_kept_reuses_pages_and_hands_glibc_its_settings_back():
+    pages = (64 << 20) // resource.getpagesize()
+    assert faults_of_a_second_64mib_fill() > pages // 2  # glibc alone maps the block afresh each time
+    with runtime.freed_memory_kept():
+        assert faults_of_a_second_64mib_fill() < pages // 20
+    assert faults_of_a_second_64mib_fill() > pages // 2

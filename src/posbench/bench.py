@@ -31,7 +31,7 @@ from .markdown import markdown_table
 from .model import LanguageModel, ModelConfig
 from .optim import make_optimizer
 from .positional import ENCODINGS
-from .runtime import autocast, check_precision, resolve_device, resolve_precision
+from .runtime import autocast, check_precision, freed_memory_kept, resolve_device, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def time_training(model, loss_fn, cfg: BenchConfig, device, name: str, backend: 
     if obstacle:
         return dict(row, status="skipped", reason=obstacle)
     flops = flops_per_token(cfg.model, cfg.vocab_size, cfg.train_len, training=True)
-    with PeakRSS() as mem:
+    with PeakRSS() as mem, freed_memory_kept():  # as train's loop does
         seconds = median_seconds(train_step_fn(model, loss_fn, cfg, device), cfg.train_steps, cfg.warmup)
     tok_s = cfg.train_batch * cfg.train_len / seconds
     log.info("train %s/%s: %.0f tok/s (%.0f%% of peak)", name, backend, tok_s, 100 * tok_s * flops / peak)

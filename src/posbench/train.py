@@ -40,7 +40,7 @@ from .optim import make_optimizer, make_scheduler
 from .probes.copy import with_copies
 from .probes.suite import run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
-from .runtime import resolve_device, resolve_precision, seed_everything, set_threads
+from .runtime import freed_memory_kept, resolve_device, resolve_precision, seed_everything, set_threads
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def train_loop(run: Run) -> None:
     """From where ``run.progress`` stands to train.steps, or until patience runs out; last.pt saved on the way."""
     t, progress = run.cfg.train, run.progress
     last = progress.step if progress.out_of_patience else t.steps  # resumed after an early stop: nothing left
-    with signals_deferred() as caught:
+    with signals_deferred() as caught, freed_memory_kept():
         for step in range(progress.step + 1, last + 1):
             x, y = training_batch(run, step)
             train_loss, grad = train_step(run, x, y, step)
