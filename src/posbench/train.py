@@ -272,7 +272,7 @@ def stopped(run: Run, signal_name: str, step: int) -> Interrupted:
     return Interrupted(
         f"stopped by {signal_name} at step {step} of {run.cfg.train.steps}; the state is saved in "
         f"{run.run_dir / RESUME_CHECKPOINT}; to continue, run the same command in the same folder "
-        f"(hydra.run.dir={run.run_dir}, or a sweep's hydra.sweep.dir)"
+        f"(hydra.run.dir='{run.run_dir}', or a sweep's hydra.sweep.dir)"
     )
 
 
