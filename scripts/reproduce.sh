@@ -11,7 +11,8 @@
 #                       mixed lengths (random and curriculum order) and randomized positions
 #   lengths             alibi, rope, none, sinusoidal at train_len 64, 128 and 512 (seed 0; 256 is seed0's),
 #                       evaluated out to 32x, capped at 16,384, with tokens per step kept at 4 x 256
-#   evals               on finished runs: sliding windows (stride $STRIDE), RoPE context extension
+#   evals               on finished runs: sliding windows (stride $STRIDE, the first $SLIDING_TOKENS
+#                       test tokens), RoPE context extension
 #                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
 #                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
 #   report              python -m posbench report on each stage folder, and on the whole study with paired
@@ -29,6 +30,7 @@
 #   JOBS       2                runs at a time (threads=1 each on a CPU); on one GPU, more (e.g. 14)
 #   DEVICE     auto             passed as device= to every command
 #   STRIDE     256              sliding-window stride of the evals stage (tokens)
+#   SLIDING_TOKENS 32768        test tokens scored by the sliding evaluation (null: the whole split)
 #   TRAIN_ARGS ""               extra train overrides, e.g. "train.steps=2 probes=[]" for a dry run
 #   EVAL_ARGS  ""               extra eval overrides
 #   DATA       (the shipped slice)   a WikiText-2 folder, passed as data.path
@@ -42,6 +44,7 @@ OUT=${OUT:-outputs/study}
 JOBS=${JOBS:-2}
 DEVICE=${DEVICE:-auto}
 STRIDE=${STRIDE:-256}
+SLIDING_TOKENS=${SLIDING_TOKENS:-32768}
 QUICK=${QUICK:-0}
 PART=${PART:-4}
 KEEP_GOING=${KEEP_GOING:-0}
@@ -132,7 +135,8 @@ run_evals() {
         eval_run -m eval eval.attn_temperature=1.25,1.5,2
     fi
     if [[ "$encoding" == xpos ]]; then eval_run eval eval.blockwise=256; fi
-    eval_run eval eval.mode=sliding "eval.stride=${STRIDE}"  # the longest, last
+    # the longest, last: at stride 256 the whole split would cost 63x the non-overlapping pass
+    eval_run eval eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
 }
 
 finished_seed_runs() {
