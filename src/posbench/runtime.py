@@ -134,7 +134,8 @@ def freed_memory_kept():
     By default glibc maps every block above 32 MiB afresh and unmaps it when freed, so each training
     step page-faults on its logits and gradients anew. Kept, they come from the heap and are reused
     (training steps 1.6-1.9x faster in bf16 on this project's CPU), at the price of holding its
-    peak. On leaving, glibc's own settings come back and the kept memory is released, so evaluation,
+    peak. On leaving, the values glibc settles on by itself come back (fixed: its dynamic threshold stays
+    off once set) and the kept memory is released, so evaluation,
     whose buffers grow with the length, keeps its smaller peak. A no-op where the C library is not glibc.
     """
     libc = ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
