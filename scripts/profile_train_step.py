@@ -2,6 +2,7 @@
 
     python scripts/profile_train_step.py                      # rope, model.attention=sdpa, the paper's dropout
     python scripts/profile_train_step.py alibi eager 0.0      # encoding, backend, attention dropout
+    python scripts/profile_train_step.py rope sdpa 0.0 --precision bf16
 
 Batch 16 x 256, vocabulary 33,278, AdamW: the step ``posbench bench`` times. Prints the operators
 with the most self time, then the share of the step spent in the LM head and loss (the forward and
@@ -18,25 +19,31 @@ from torch.profiler import ProfilerActivity, profile
 from posbench.bench import BenchConfig, train_step_fn
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS
+from posbench.runtime import freed_memory_kept
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("encoding", nargs="?", default="rope", choices=list(ENCODINGS))
 parser.add_argument("backend", nargs="?", default="sdpa", choices=["eager", "sdpa", "flex", "auto"])
 parser.add_argument("attn_dropout", nargs="?", type=float, default=None, help="default: the paper model's dropout")
+parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the heap settles in 2-3)")
 args = parser.parse_args()
 encoding, backend = args.encoding, args.backend
 cfg = BenchConfig(model=ModelConfig(attention=backend, attn_dropout=args.attn_dropout))
 torch.manual_seed(0)
-model = LanguageModel(cfg.model, ENCODINGS[encoding][0](), cfg.vocab_size, cfg.train_len)
+model = LanguageModel(cfg.model, ENCODINGS[encoding][0](), cfg.vocab_size, cfg.train_len, args.precision)
 step = train_step_fn(model, lambda x, y: model.token_nll(x, y).mean(), cfg, torch.device("cpu"))
-step()  # warm-up
-t0 = time.perf_counter()
-with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-    step()
-seconds = time.perf_counter() - t0
+with freed_memory_kept():  # as `train` and `bench` run their steps
+    for _ in range(args.warmup):
+        step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    seconds = time.perf_counter() - t0
 print(
-    f"{encoding}/{backend}, attention dropout {model.attn_dropout}, {torch.get_num_threads()} threads: "
-    f"one step {seconds:.2f} s (profiled), {cfg.train_batch * cfg.train_len / seconds:,.0f} tok/s"
+    f"{encoding}/{backend}, {args.precision}, attention dropout {model.attn_dropout}, "
+    f"{torch.get_num_threads()} threads: one step {seconds:.2f} s (profiled), "
+    f"{cfg.train_batch * cfg.train_len / seconds:,.0f} tok/s"
 )
 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
