@@ -55,9 +55,9 @@ class FusedHeadNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, targets, chunk, dtype):
-        lse, nll = [], []
+        lse, nll, w_low = [], [], w.to(dtype)
         for s in range(0, h.shape[0], chunk):
-            logits = F.linear(h[s : s + chunk].to(dtype), w.to(dtype)).float()
+            logits = F.linear(h[s : s + chunk].to(dtype), w_low).float()
             lse.append(torch.logsumexp(logits, dim=1))
             nll.append(lse[-1] - logits.gather(1, targets[s : s + chunk, None]).squeeze(1))
         ctx.save_for_backward(h, w, targets, torch.cat(lse))

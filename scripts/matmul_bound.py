@@ -58,8 +58,8 @@ def timed(shapes, dtype) -> tuple[float, float]:
 
 print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")
 for precision in ("bf16", "fp32"):
-    dtype, cpu = DTYPES[precision], torch.device("cpu")
-    peak = matmul_peak_flops(cpu, precision)
+    dtype = DTYPES[precision]
+    peak = matmul_peak_flops(torch.device("cpu"), precision)
     total_flops = total_seconds = 0.0
     for name, (n, k, o, times) in weights.items():
         flops, seconds = map(sum, zip(*(timed(s, dtype) for s in products(n, k, o))))
