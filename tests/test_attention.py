@@ -150,6 +150,19 @@ def alibi_attention(backend: str) -> Attention:
     return Attention(backend, encoding("alibi"))
 
 
+def test_auto_trains_with_eager_on_cpu_only_in_bf16_without_dropout_up_to_its_length():
+    cpu, longest = torch.device("cpu"), attention_mod.EAGER_AUTO_MAX_TRAIN_LEN
+    auto = Attention("auto", encoding("rope", head_dim=32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert auto.pick(longest, cpu, needs_grad=True, dropout_p=0.0) == "eager"
+        assert auto.pick(longest + 1, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"
+        assert auto.pick(longest, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"  # evaluation
+        assert auto.pick(longest, cpu, needs_grad=True, dropout_p=0.1) == "sdpa"
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert auto.pick(longest, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"
+    assert auto.pick(longest, cpu, needs_grad=True, dropout_p=0.0) == "sdpa"  # fp32
+
+
 def test_auto_picks_flex_only_to_evaluate_long_sequences_with_bias():
     cpu = torch.device("cpu")
     auto = alibi_attention("auto")

@@ -156,6 +156,11 @@ def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor
 #: faster than sdpa (docs/performance.md, "Design notes").
 FLEX_AUTO_MIN_LEN = 4096
 
+#: ``auto`` trains with eager up to this length on CPU under bf16 autocast without attention dropout,
+#: where ``scripts/backend_check.py`` measured it 1-29% faster than sdpa on 2 threads (at 1,024, 4% slower
+#: for RoPE); docs/performance.md has the table.
+EAGER_AUTO_MAX_TRAIN_LEN = 512
+
 #: FlexAttention's block size; flex sequences are padded to a multiple of it (``Attention.flex``).
 FLEX_BLOCK = 128
 
@@ -294,12 +299,17 @@ class Attention:
 
     def pick(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> str:
         """The backend for one pass: the requested one (flex where it can run), or for ``auto``:
-        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, where it was
-        measured faster than sdpa (docs/performance.md), else sdpa."""
+        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, eager for training
+        on CPU in bf16 without attention dropout up to ``EAGER_AUTO_MAX_TRAIN_LEN`` tokens, where each
+        was measured faster than sdpa (docs/performance.md), else sdpa."""
         obstacle = self.flex_obstacle(device, needs_grad, dropout_p)
         if self.backend == "auto":
             long_bias_eval = self.encoding.has_bias and seq_len >= FLEX_AUTO_MIN_LEN
-            return "flex" if long_bias_eval and not obstacle and not needs_grad else "sdpa"
+            if long_bias_eval and not obstacle and not needs_grad:
+                return "flex"
+            cpu_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            eager_train = needs_grad and dropout_p == 0 and seq_len <= EAGER_AUTO_MAX_TRAIN_LEN
+            return "eager" if eager_train and device.type == "cpu" and cpu_bf16 else "sdpa"
         if self.backend == "flex" and obstacle:
             self.warn_once(f"model.attention=flex: {obstacle}; using sdpa for these passes")
             return "sdpa"

@@ -59,7 +59,7 @@ class BenchConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     #: Encodings to measure (``null``: every one in ``posbench.positional.ENCODINGS``).
     encodings: Optional[List[str]] = None
-    #: ``auto`` may be added: it repeats what sdpa or flex measured, per the rule in attention.py.
+    #: ``auto`` may be added: it runs what the rule in attention.py picks (sdpa, eager or flex).
     backends: List[str] = field(default_factory=lambda: ["eager", "sdpa", "flex"])
     #: The full WikiText-2 vocabulary.
     vocab_size: int = 33278
