@@ -139,9 +139,11 @@ run_evals() {
     eval_run eval eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
 }
 
-finished_seed_runs() {
-    local checkpoint
-    for checkpoint in "$OUT"/seed[0-2]/*/checkpoint.pt; do [[ -e "$checkpoint" ]] && dirname "$checkpoint"; done
+finished_seed_runs() {  # a run still training has its best checkpoint.pt already, beside its last.pt
+    local run
+    for run in "$OUT"/seed[0-2]/*/; do
+        [[ -e "$run/checkpoint.pt" && ! -e "$run/last.pt" ]] && echo "${run%/}"
+    done
     return 0
 }
 

@@ -281,19 +281,21 @@ def test_reproduce_lengths_keep_tokens_per_step_and_evaluate_to_32x_capped(clone
 
 def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     """The evals stage: RoPE scalings on a rope run, log-n and temperatures on seed 0's remedy encodings,
-    blockwise on xPos, sliding windows on each; runs of other stages and unfinished ones are left alone."""
-    for stage, encoding, seed, finished in [
-        ("seed0", "rope", 0, True),
-        ("seed1", "xpos", 1, True),
-        ("seed2", "alibi", 2, False),
-        ("remedies", "none", 0, True),
+    blockwise on xPos, sliding windows on each; runs of other stages and unfinished ones are left alone:
+    one not yet validated (no checkpoint) and one still training (its best checkpoint beside last.pt)."""
+    for stage, encoding, seed, files in [
+        ("seed0", "rope", 0, ["checkpoint.pt"]),
+        ("seed1", "xpos", 1, ["checkpoint.pt"]),
+        ("seed2", "alibi", 2, []),
+        ("seed2", "fire", 2, ["checkpoint.pt", "last.pt"]),
+        ("remedies", "none", 0, ["checkpoint.pt"]),
     ]:
         run = tmp_path / "out" / stage / f"encoding={encoding},seed={seed}"
         (run / ".hydra").mkdir(parents=True)
         config = f"encoding:\n  name: {encoding}\nmodel:\n  name: paper\nseed: {seed}\n"
         (run / ".hydra" / "config.yaml").write_text(config)
-        if finished:
-            (run / "checkpoint.pt").write_text("")
+        for name in files:
+            (run / name).write_text("")
     commands = reproduce(clone, tmp_path, "evals")
     by_run = {}
     for command in commands:
