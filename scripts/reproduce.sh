@@ -35,7 +35,7 @@
 #   EVAL_ARGS  ""               extra eval overrides
 #   DATA       (the shipped slice)   a WikiText-2 folder, passed as data.path
 #
-# Compute: docs/results.md ("How it was run") states what each stage took and on which machine.
+# Compute: docs/results.md states what each stage took and on which machine (with each stage's results).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
