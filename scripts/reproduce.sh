@@ -8,7 +8,8 @@
 # Stages (each a list of runs; a run is trained, evaluated and probed by `posbench train`):
 #   seed0 seed1 seed2   every encoding of conf/encoding at that seed, experiment=study
 #   remedies            rope, sinusoidal, learned, none at seed 0 with each training-side remedy:
-#                       mixed lengths (random and curriculum order) and randomized positions
+#                       mixed lengths (random and curriculum order) and randomized positions (not for
+#                       none: it has no positions to randomize, so that run would be the plain one again)
 #   lengths             alibi, rope, none, sinusoidal at train_len 64, 128 and 512 (seed 0; 256 is seed0's),
 #                       evaluated out to 32x, capped at 16,384, with tokens per step kept at 4 x 256
 #   evals               on finished runs: sliding windows (stride $STRIDE, the first $SLIDING_TOKENS
@@ -103,8 +104,8 @@ stage_runs() {  # the runs of stage $1, started with train()
                     'train.lengths=[64,128,256]' train.length_order=random
                 train "encoding=${encoding},lengths=curriculum" experiment=study "encoding=$encoding" \
                     'train.lengths=[64,128,256]' train.length_order=curriculum
-                train "encoding=${encoding},randomized_positions=8192" experiment=study "encoding=$encoding" \
-                    encoding.randomized_positions=8192
+                [[ "$encoding" == none ]] || train "encoding=${encoding},randomized_positions=8192" \
+                    experiment=study "encoding=$encoding" encoding.randomized_positions=8192
             done ;;
         lengths)
             for length in 64 128 512; do

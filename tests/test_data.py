@@ -279,6 +279,21 @@ def test_reproduce_lengths_keep_tokens_per_step_and_evaluate_to_32x_capped(clone
         assert lengths == [int(train_len) * m for m in (1, 2, 4, 8, 16, 32) if int(train_len) * m <= 16384]
 
 
+def test_reproduce_remedies_train_each_remedy_but_randomized_positions_for_none(clone, tmp_path):
+    """none has no positions to randomize: that run would repeat the plain one, so it is not started."""
+    commands = reproduce(clone, tmp_path, "remedies")
+    assert all(c[0] == "train" and "experiment=study" in c for c in commands)
+    remedies = {e: [] for e in ["rope", "sinusoidal", "learned", "none"]}
+    for command in commands:
+        [encoding] = values_of("encoding", [command])
+        remedies[encoding].append(tuple(sorted(a for a in command if a.startswith(("train.length", "encoding.")))))
+    mixed = ("train.length_order=random", "train.lengths=[64,128,256]")
+    curriculum = ("train.length_order=curriculum", "train.lengths=[64,128,256]")
+    for encoding, trained in remedies.items():
+        randomized = [] if encoding == "none" else [("encoding.randomized_positions=8192",)]
+        assert sorted(trained) == sorted([mixed, curriculum, *randomized]), encoding
+
+
 def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     """The evals stage: RoPE scalings on a rope run, log-n and temperatures on seed 0's remedy encodings,
     blockwise on xPos, sliding windows on each; runs of other stages and unfinished ones are left alone:
