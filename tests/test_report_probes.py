@@ -119,3 +119,16 @@ def test_a_window_gap_needs_both_lengths_measured(probed):
     numbers = pd.read_csv(report(probed) / "probes.csv").set_index(["encoding", "seed"])
     assert math.isnan(numbers.loc[("rope", 0), "window_gap"])
     assert numbers.loc[("alibi", 0), "window_gap"] == pytest.approx(0.1)
+
+
+def test_a_run_evaluated_again_keeps_the_window_gap_of_its_nonoverlapping_rows(probed):
+    """Sliding-window rows of the same length and variant (the evals stage) are another measurement, not
+    a second value of the gap: the gap stays the non-overlapping one and the report is made."""
+    results = pd.read_csv(probed / "rope_0" / "results.csv", keep_default_na=False)
+    sliding = results[results["eval_len"] == 16 * L].assign(eval_mode="sliding", stride=L, nll=[1.0, 2.0])
+    scaled = results[results["variant"] == ""].assign(variant="yarn×4", nll=7.0)
+    pd.concat([results, sliding, scaled]).to_csv(probed / "rope_0" / "results.csv", index=False)
+    out = report(probed)
+    numbers = pd.read_csv(out / "probes.csv").set_index(["encoding", "seed"])
+    assert numbers.loc[("rope", 0), "window_gap"] == pytest.approx(-0.4)
+    assert "| rope |  | 4 | 1 | -0.4000 |" in (out / "summary.md").read_text()
