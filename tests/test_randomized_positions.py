@@ -79,6 +79,17 @@ def test_a_learned_table_smaller_than_m_is_refused():
         build_encoding(cfg, n_heads=4, head_dim=8, d_model=32, train_len=16)
 
 
+def test_nope_warns_that_randomized_positions_change_nothing(caplog):
+    def build(cfg):
+        with caplog.at_level("WARNING", logger="posbench.positional.nope"):
+            build_encoding(cfg, n_heads=4, head_dim=8, d_model=32, train_len=16)
+
+    build({"name": "none"})
+    assert not caplog.records
+    build({"name": "none", "randomized_positions": 64})
+    assert "encoding=none has no positions" in caplog.text and "randomized_positions=64" in caplog.text
+
+
 @pytest.mark.parametrize("name", sorted(ENCODINGS))
 def test_positions_0_to_t_minus_1_given_explicitly_change_nothing(tiny_lm, tokens, name):
     """The seam refactor is pure: 0..T-1 given as a tensor of its own, or as a row per sequence (another mask,
