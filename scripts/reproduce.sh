@@ -18,6 +18,9 @@
 #                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
 #   report              python -m posbench report on each stage folder, and on the whole study with paired
 #                       comparisons against $COMPARE (default alibi)
+#   archive             (named only) copies each finished run's CSVs, logs and configs, not its checkpoints,
+#                       to $ARCHIVE/<stage>/<run name>: the measurements behind docs/results.md, small
+#                       enough to keep in git, from which `report` redraws every table and figure
 # A stage name may name one part of its group: seed0.2 is seed0's runs 5..8 (PART runs a part), sized so
 # that a part finishes in one sitting on 2 CPU cores; `list` shows the parts.
 #
@@ -35,6 +38,7 @@
 #   TRAIN_ARGS ""               extra train overrides, e.g. "train.steps=2 probes=[]" for a dry run
 #   EVAL_ARGS  ""               extra eval overrides
 #   DATA       (the shipped slice)   a WikiText-2 folder, passed as data.path
+#   ARCHIVE    docs/results/runs     where the archive stage copies to
 #
 # Compute: docs/results.md states what each stage took and on which machine (with each stage's results).
 set -euo pipefail
@@ -50,6 +54,7 @@ QUICK=${QUICK:-0}
 PART=${PART:-4}
 KEEP_GOING=${KEEP_GOING:-0}
 COMPARE=${COMPARE:-alibi}
+ARCHIVE=$(realpath -m "${ARCHIVE:-docs/results/runs}")
 read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
 COMMON=("device=${DEVICE}")
@@ -140,12 +145,14 @@ run_evals() {
     eval_run eval eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
 }
 
-finished_seed_runs() {  # a run still training has its best checkpoint.pt already, beside its last.pt
+# a run still training has its best checkpoint.pt already, beside its last.pt
+finished() { [[ -e "$1/checkpoint.pt" && ! -e "$1/last.pt" ]]; }
+
+finished_seed_runs() {
     local run
     for run in "$OUT"/seed[0-2]/*/; do
-        [[ -e "$run/checkpoint.pt" && ! -e "$run/last.pt" ]] && echo "${run%/}"
+        if finished "$run"; then echo "${run%/}"; fi
     done
-    return 0
 }
 
 report() {
@@ -156,13 +163,23 @@ report() {
     "$PYTHON" -m posbench report "$OUT" "compare=${COMPARE}"
 }
 
+archive() {
+    local run dest
+    for run in "$OUT"/*/*/; do
+        finished "$run" || continue
+        dest="$ARCHIVE/${run#"$OUT"/}"
+        mkdir -p "$dest"
+        (cd "$run" && find . -type f \( -name '*.csv' -o -name '*.log' -o -name '*.yaml' \) -exec cp --parents -t "$dest" {} +)
+    done
+}
+
 # STAGE is a group (seed0, remedies, evals, ...) or one part of it (seed0.2: its runs 5..8 at PART=4)
 run_stage() {
     local group=${1%%.*} part="" first count item
     [[ "$1" == *.* ]] && part=${1#*.}
     GROUP=$group
     stamp "stage $1 into $OUT/$group"
-    if [[ "$group" == report ]]; then report; stamp "stage $1 done"; return; fi
+    if [[ "$group" == report || "$group" == archive ]]; then "$group"; stamp "stage $1 done"; return; fi
     RUNS=()
     if [[ "$group" == evals ]]; then mapfile -t RUNS < <(finished_seed_runs); else stage_runs "$group"; fi
     first=0 count=${#RUNS[@]}
@@ -180,7 +197,7 @@ if [[ "${1:-}" == list ]]; then
         stage_runs "$group"
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done
     done
-    echo "evals.N  the evaluations of finished seed runs N*PART-PART+1..N*PART; report"
+    echo "evals.N  the evaluations of finished seed runs N*PART-PART+1..N*PART; report; archive"
     exit 0
 fi
 if (( QUICK )); then

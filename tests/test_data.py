@@ -325,3 +325,22 @@ def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     assert any("eval.blockwise=256" in c for c in xpos) and not any("logn" in c for c in xpos)
     sliding = "eval.mode=sliding eval.stride=256 eval.max_tokens=32768"
     assert all(any(sliding in c for c in cmds) for cmds in (rope, xpos))
+
+
+def test_reproduce_archive_copies_finished_runs_without_checkpoints(clone, tmp_path):
+    """The archive stage keeps what report reads (CSVs, logs, configs) of each finished run, and no checkpoint;
+    a run still training (last.pt beside its best checkpoint) is left out until it ends."""
+    out = tmp_path / "out"
+    kept = ["results.csv", "per_article.csv", "train.log", ".hydra/config.yaml", ".hydra/eval/overrides.yaml"]
+    for run, files in [
+        ("remedies/encoding=rope,lengths=random", ["checkpoint.pt", *kept]),
+        ("lengths/encoding=none,train_len=64", ["checkpoint.pt", "last.pt", "train_log.csv"]),
+        ("remedies/report", ["summary.csv"]),
+    ]:
+        for name in files:
+            (out / run / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / run / name).write_text(name)
+    assert reproduce(clone, tmp_path, "archive", ARCHIVE=str(tmp_path / "kept")) == []
+    archived = sorted(str(p.relative_to(tmp_path / "kept")) for p in (tmp_path / "kept").rglob("*") if p.is_file())
+    assert archived == sorted(f"remedies/encoding=rope,lengths=random/{name}" for name in kept)
+    assert (tmp_path / "kept/remedies/encoding=rope,lengths=random/.hydra/config.yaml").read_text() == ".hydra/config.yaml"
