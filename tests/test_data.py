@@ -343,4 +343,5 @@ def test_reproduce_archive_copies_finished_runs_without_checkpoints(clone, tmp_p
     assert reproduce(clone, tmp_path, "archive", ARCHIVE=str(tmp_path / "kept")) == []
     archived = sorted(str(p.relative_to(tmp_path / "kept")) for p in (tmp_path / "kept").rglob("*") if p.is_file())
     assert archived == sorted(f"remedies/encoding=rope,lengths=random/{name}" for name in kept)
-    assert (tmp_path / "kept/remedies/encoding=rope,lengths=random/.hydra/config.yaml").read_text() == ".hydra/config.yaml"
+    config = tmp_path / "kept/remedies/encoding=rope,lengths=random/.hydra/config.yaml"
+    assert config.read_text() == ".hydra/config.yaml"
