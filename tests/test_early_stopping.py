@@ -133,3 +133,14 @@ def test_training_curves_mark_each_runs_stop_and_best_step(tmp_path):
     assert curves.set_index("tokens")["valid_loss"].to_dict() == {10: 4.0, 20: 3.0, 30: 2.25}  # the seeds there
     assert marks[marks["stopped"]][["tokens", "valid_loss"]].values.tolist() == [[30, 2.5], [20, 4.0]]
     assert marks[marks["best"]][["tokens", "valid_loss"]].values.tolist() == [[20, 2.0], [20, 4.0]]
+
+
+def test_a_curriculum_is_not_stopped_before_its_last_stage(short_config, tmp_path, monkeypatch):
+    """Steps 1-5 train at 16, 6-10 at train_len 32: the checks of the first stage do not count, so the run
+    reaches train_len and stops 3 checks after the best of its last stage."""
+    losses = {1: 5.0, 2: 4.0, 3: 4.5, 4: 4.6, 5: 4.7, 6: 4.1, 7: 4.2, 8: 4.3, 9: 3.0, 10: 1.0}
+    validated = validation_losses(monkeypatch, losses)
+    train(short_config("train.patience=3", "train.lengths=[16,32]", "train.length_order=curriculum"), tmp_path)
+    assert validated == [1, 2, 3, 4, 5, 6, 7, 8]  # random order would have stopped at 5
+    results = pd.read_csv(tmp_path / "results.csv")
+    assert set(results["stopped_step"]) == {8} and set(results["best_step"]) == {2}

@@ -61,7 +61,8 @@ class TrainConfig:
     #: ``curriculum``: shortest first, equal shares of the steps per length (Shortformer, arXiv:2012.15832).
     length_order: str = "random"
     #: Stop once this many validation checks in a row bring no new best validation loss (``null``: never);
-    #: the best model is what is evaluated either way.
+    #: the best model is what is evaluated either way. A curriculum counts checks from its last stage
+    #: (train_len) on: it is not stopped before it has trained at the length it is validated at.
     patience: Optional[int] = None
 
 

@@ -122,6 +122,12 @@ def step_length(cfg: DictConfig, step: int) -> int:
     return lengths[np.random.default_rng([TRAIN_LENGTH_STREAM, cfg.seed, step]).integers(len(lengths))]
 
 
+def counts_for_patience(cfg: DictConfig, step: int) -> bool:
+    """Whether a validation at ``step`` counts toward train.patience: always, except in a curriculum's shorter
+    stages, where the loss at train_len may stall and would stop the run before it ever trains at train_len."""
+    return cfg.train.length_order != "curriculum" or step_length(cfg, step) == cfg.train_len
+
+
 def batch_rows(cfg: DictConfig, length: int) -> int:
     """Sequences per step at ``length``: whatever the length, a step holds train.batch_size x train_len tokens."""
     return cfg.train.batch_size * cfg.train_len // length
@@ -206,7 +212,7 @@ def validate(run: Run, step: int) -> float:
     val_loss = score_nonoverlapping(run.model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, run.device).nll
     if not math.isfinite(val_loss):
         stop_non_finite(run, "validation loss", val_loss, step)
-    progress.checks_since_best += 1
+    progress.checks_since_best += counts_for_patience(cfg, step)
     if val_loss < progress.best_val:
         progress.best_val, progress.best_step, progress.checks_since_best = val_loss, step, 0
         progress.best_model = copy.deepcopy(run.model.state_dict())
