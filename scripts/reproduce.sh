@@ -25,7 +25,8 @@
 # that a part finishes in one sitting on 2 CPU cores; `list` shows the parts.
 #
 # Resumable: a finished run is skipped, a killed one continues from its last.pt (train.resume=auto);
-# evaluations are redone. Run folders: $OUT/<stage>/<run name>.
+# the evals stage skips each evaluation it finished before (marked in <run>/evals_done/) and redoes the
+# one it was killed in. Run folders: $OUT/<stage>/<run name>.
 #
 # Settings, from the environment:
 #   OUT        outputs/study    where the runs and the reports go
@@ -129,20 +130,33 @@ stage_runs() {  # the runs of stage $1, started with train()
 
 # every evaluation of one finished run, one after another (two in one folder would race)
 run_evals() {
-    local run=$1 encoding seed
+    local run=$1 encoding seed type factor temperature
     encoding=$(awk '/^encoding:/ {inside = 1; next} inside && /^  name:/ {print $2; exit}' "$run/.hydra/config.yaml")
     seed=$(sed -n 's/^seed: //p' "$run/.hydra/config.yaml")
-    eval_run() { "$PYTHON" -m posbench "$@" "checkpoint='$run'" "${COMMON[@]}" "${EVAL_ARGS[@]}"; }
     if [[ "$encoding" == rope ]]; then
-        eval_run -m eval rope.scaling.type=linear,ntk,yarn rope.scaling.factor=4,16
+        for type in linear ntk yarn; do
+            for factor in 4 16; do eval_once "$run" rope.scaling.type=$type rope.scaling.factor=$factor; done
+        done
     fi
     if [[ "$seed" == 0 && " $REMEDY_ENCODINGS " == *" $encoding "* ]]; then
-        eval_run eval model.logn_scaling=true
-        eval_run -m eval eval.attn_temperature=1.25,1.5,2
+        eval_once "$run" model.logn_scaling=true
+        for temperature in 1.25 1.5 2; do eval_once "$run" eval.attn_temperature=$temperature; done
     fi
-    if [[ "$encoding" == xpos ]]; then eval_run eval eval.blockwise=256; fi
+    if [[ "$encoding" == xpos ]]; then eval_once "$run" eval.blockwise=256; fi
     # the longest, last: at stride 256 the whole split would cost 63x the non-overlapping pass
-    eval_run eval eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
+    eval_once "$run" eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
+}
+
+# one evaluation of run $1, skipped when an earlier call finished it, so that a killed stage resumes at
+# the evaluation it was in; the mark is named by every argument, so other settings evaluate again
+eval_once() {
+    local run=$1 args mark
+    shift
+    args=("$@" "checkpoint='$run'" "${COMMON[@]}" "${EVAL_ARGS[@]}")
+    mark="$run/evals_done/$(printf '%s\n' "${args[@]}" | sha1sum | cut -c1-16)"
+    [[ -e "$mark" ]] && return 0
+    "$PYTHON" -m posbench eval "${args[@]}"
+    mkdir -p "$run/evals_done" && printf '%s\n' "${args[@]}" > "$mark"
 }
 
 # a run still training has its best checkpoint.pt already, beside its last.pt

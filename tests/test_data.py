@@ -320,11 +320,34 @@ def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     assert all(v.startswith("'") and v.endswith("'") for v in values_of("checkpoint", commands))
     rope, xpos = by_run.pop("encoding=rope,seed=0"), by_run.pop("encoding=xpos,seed=1")
     assert by_run == {}
-    assert any("rope.scaling.type=linear,ntk,yarn" in c for c in rope)
-    assert any("model.logn_scaling=true" in c for c in rope) and any("eval.attn_temperature=" in c for c in rope)
+    scalings = [f"rope.scaling.type={t} rope.scaling.factor={f}" for t in ("linear", "ntk", "yarn") for f in (4, 16)]
+    assert all(sum(s in c for c in rope) == 1 for s in scalings)
+    temperatures = [f"eval.attn_temperature={t}" for t in ("1.25", "1.5", "2")]
+    assert all(sum(t in c for c in rope) == 1 for t in temperatures + ["model.logn_scaling=true"])
     assert any("eval.blockwise=256" in c for c in xpos) and not any("logn" in c for c in xpos)
     sliding = "eval.mode=sliding eval.stride=256 eval.max_tokens=32768"
     assert all(any(sliding in c for c in cmds) for cmds in (rope, xpos))
+    assert len(rope) == 6 + 4 + 1 and len(xpos) == 2
+
+
+def test_reproduce_evals_resume_at_the_evaluation_a_killed_stage_was_in(clone, tmp_path):
+    """A finished evaluation is not redone; a failed one is, and so are those with other settings."""
+    run = tmp_path / "out" / "seed1" / "encoding=xpos,seed=1"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("encoding:\n  name: xpos\nseed: 1\n")
+    (run / "checkpoint.pt").write_text("")
+    failing = tmp_path / "fail_sliding"  # a python that fails the sliding evaluation, as a kill would
+    failing.write_text('#!/usr/bin/env bash\n[[ "$*" == *sliding* ]] && exit 1\necho "$@"\n')
+    failing.chmod(0o755)
+    done = subprocess.run(["bash", str(clone / "scripts" / "reproduce.sh"), "evals"], cwd=tmp_path,
+                          env={**os.environ, "PYTHON": str(failing), "OUT": str(tmp_path / "out")},
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "eval.blockwise=256" in done.stdout
+    [again] = reproduce(clone, tmp_path, "evals")
+    assert "eval.mode=sliding" in again and not any("blockwise" in a for a in again)
+    assert reproduce(clone, tmp_path, "evals") == []
+    [strided] = reproduce(clone, tmp_path, "evals", STRIDE="128")
+    assert "eval.stride=128" in strided
 
 
 def test_reproduce_archive_copies_finished_runs_without_checkpoints(clone, tmp_path):
