@@ -339,9 +339,13 @@ def test_reproduce_evals_resume_at_the_evaluation_a_killed_stage_was_in(clone, t
     failing = tmp_path / "fail_sliding"  # a python that fails the sliding evaluation, as a kill would
     failing.write_text('#!/usr/bin/env bash\n[[ "$*" == *sliding* ]] && exit 1\necho "$@"\n')
     failing.chmod(0o755)
-    done = subprocess.run(["bash", str(clone / "scripts" / "reproduce.sh"), "evals"], cwd=tmp_path,
-                          env={**os.environ, "PYTHON": str(failing), "OUT": str(tmp_path / "out")},
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(clone / "scripts" / "reproduce.sh"), "evals"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHON": str(failing), "OUT": str(tmp_path / "out")},
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1 and "eval.blockwise=256" in done.stdout
     [again] = reproduce(clone, tmp_path, "evals")
     assert "eval.mode=sliding" in again and not any("blockwise" in a for a in again)
