@@ -1,0 +1,137 @@
+"""Print a table of docs/results.md from a report folder: one row per model, its stopping steps, its test
+perplexity at train_len, the change at each longer length, and its probe numbers.
+
+    python scripts/results_table.py docs/results/runs/lengths/report --multiples
+    python scripts/results_table.py outputs/study/report --encodings alibi,rope --window 8192
+
+Reads the report's results.csv, summary.csv and probes.csv (what ``posbench report`` writes), so every
+number in the table can be traced to the runs' CSVs. Rows are the non-overlapping test evaluation of
+each model as trained (variants that change the evaluation, such as windows, are left out; ``--window``
+adds a column for the window of train_len keys). Cells: mean over seeds, with the sample standard
+deviation at train_len and at the longest length when there are several; changes are of the mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+MODEL = ["encoding", "variant", "train_len", "train_lengths"]
+PROBES = {  # probes.csv column: (heading, digits)
+    "gain_beyond": ("gain_beyond (nats)", 3),
+    "effective_context": ("effective context", None),
+    "window_gap": ("window gap at 16× (nats)", 3),
+    "mass_beyond": ("attention beyond train_len at 16×", 2),
+}
+
+
+def signed(value: float, digits: int, suffix: str = "") -> str:
+    """+1.2% / −1.2% with a typographic minus, as docs/results.md writes them."""
+    return f"{value:+,.{digits}f}{suffix}".replace("-", "−")
+
+
+def steps(results: pd.DataFrame) -> str:
+    """Where each seed's run stopped and its best step: '1,600 / 1,100', seeds joined by '; '."""
+    runs = results.drop_duplicates("run_dir").sort_values("seed")
+    return "; ".join(f"{r.stopped_step:,.0f} / {r.best_step:,.0f}" for r in runs.itertuples())
+
+
+def ppl_cells(summary: pd.DataFrame, train_len: int, columns: list[int], multiples: bool) -> list[str]:
+    """The mean at train_len (± std), then each column's mean and its change against train_len."""
+    by_len = summary.set_index("eval_len")
+    if train_len not in by_len.index:
+        return [""] * (len(columns) + 1)
+    base = by_len.loc[train_len]
+    spread = base.seeds > 1
+    cells = [f"{base.ppl_mean:,.1f}" + (f" ± {base.ppl_std:.1f}" if spread else "")]
+    for column in columns:
+        eval_len = train_len * column if multiples else column
+        if eval_len not in by_len.index or eval_len <= train_len:
+            cells.append("")
+            continue
+        point, change = by_len.loc[eval_len], by_len.loc[eval_len].ppl_mean / base.ppl_mean - 1
+        if pd.isna(point.ppl_mean):  # e.g. learned positions past their table: the status says why
+            cells.append(point.status)
+            continue
+        last = eval_len == by_len.index.max() and spread
+        cells.append(
+            f"{point.ppl_mean:,.1f}"
+            + (f" ± {point.ppl_std:.1f}" if last else "")
+            + f" ({signed(100 * change, 1, '%')})"
+        )
+    return cells
+
+
+def probe_cells(probes: pd.DataFrame) -> list[str]:
+    cells = []
+    for column, (_, digits) in PROBES.items():
+        values = probes[column].dropna() if column in probes else pd.Series(dtype=float)
+        if values.empty:
+            cells.append("")
+        elif digits is None:
+            cells.append(", ".join(f"{v:,.0f}" for v in sorted(values.unique())))
+        else:
+            cells.append(signed(values.mean(), digits) if column != "mass_beyond" else f"{values.mean():.{digits}f}")
+    return cells
+
+
+def read(path: Path) -> pd.DataFrame:
+    """A report CSV, its label columns as text ('' where empty) so that rows group and match on them."""
+    labels = ["variant", "train_lengths"]
+    table = pd.read_csv(path, dtype=dict.fromkeys(labels, str))
+    table[labels] = table[labels].fillna("")
+    return table
+
+
+def table(report: Path, multiples: bool, window: int | None, encodings: list[str] | None) -> str:
+    summary, results = read(report / "summary.csv"), read(report / "results.csv")
+    probes = read(report / "probes.csv") if (report / "probes.csv").exists() else None
+    summary = summary[(summary.split == "test") & (summary.eval_mode == "nonoverlapping")]
+    results = results[(results.split == "test") & (results.eval_mode == "nonoverlapping")]
+    ratios = summary.eval_len / summary.train_len
+    longer = summary.eval_len[summary.eval_len > summary.train_len.min()]
+    columns = sorted({int(r) for r in ratios if r > 1}) if multiples else sorted(longer.unique())
+    models = summary[~summary.variant.str.contains("window|blockwise|temp|logn|×", regex=True)]
+    mixed = (models.train_lengths != models.train_len.astype(str)).any()
+    heading = ["encoding", "variant", *(["trained at"] if mixed else []), "train_len", "stopped / best step"]
+    heading += ["1×" if multiples else "at train_len", *(f"{c}×" if multiples else f"{c:,}" for c in columns)]
+    heading += [f"window of train_len keys, at {window:,}{'×' if multiples else ''}"] if window else []
+    heading += [name for name, _ in PROBES.values()] if probes is not None else []
+    lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
+    for key, rows in models.groupby(MODEL, sort=True):
+        encoding, variant, train_len, train_lengths = key
+        if encodings and encoding not in encodings:
+            continue
+        cells = [encoding, variant, *([train_lengths] if mixed else []), f"{train_len:,}"]
+        cells += [steps(same_model(results, key)), *ppl_cells(rows, train_len, columns, multiples)]
+        if window:
+            label = "+".join(filter(None, [variant, f"window{train_len}"]))
+            cells += ppl_cells(
+                same_model(summary, (encoding, label, train_len, train_lengths)), train_len, [window], multiples
+            )[1:]
+        if probes is not None:
+            cells += probe_cells(same_model(probes, key))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def same_model(table: pd.DataFrame, key: tuple) -> pd.DataFrame:
+    """The rows of ``table`` whose encoding, variant, train_len and train_lengths are ``key``."""
+    return table[(table[MODEL].astype(str) == pd.Series(key, index=MODEL).astype(str)).all(axis=1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path, help="a report folder (posbench report DIR writes DIR/report)")
+    parser.add_argument("--multiples", action="store_true", help="columns at multiples of train_len")
+    parser.add_argument("--window", type=int, help="add the window of train_len keys at this eval_len (or multiple)")
+    parser.add_argument("--encodings", help="comma-separated encodings to keep, in name order")
+    args = parser.parse_args()
+    encodings = args.encodings.split(",") if args.encodings else None
+    print(table(args.report, args.multiples, args.window, encodings))
+
+
+if __name__ == "__main__":
+    main()

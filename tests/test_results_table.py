@@ -1,0 +1,58 @@
+"""scripts/results_table.py: the docs' tables from a report folder's CSVs, checked on a hand-made report."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "results_table.py"
+
+
+def point(encoding, variant, eval_len, mean, std=None, seeds=2, status=None):
+    return dict(encoding=encoding, variant=variant, train_len=256, train_lengths="256", eval_mode="nonoverlapping",
+                split="test", eval_len=eval_len, seeds=seeds, ppl_mean=mean, ppl_std=std, status=status)  # fmt: skip
+
+
+def write_report(folder: Path) -> Path:
+    summary = [
+        point("alibi", None, 256, 205.0, 7.07),  # seeds 200 and 210
+        point("alibi", None, 512, 195.0, 7.07),  # seeds 190 and 200: −4.878%
+        point("alibi", "window256", 256, 205.0, 7.07),
+        point("alibi", "window256", 512, 184.5, 1.0),  # −10.0%
+        point("learned", None, 256, 240.0, seeds=1),
+        point("learned", None, 512, None, seeds=1, status="unsupported"),
+    ]
+    pd.DataFrame(summary).to_csv(folder / "summary.csv", index=False)
+    runs = [("alibi", 1, 1400, 900), ("alibi", 0, 2400, 2000), ("learned", 0, 2400, 2400)]
+    results = [dict(encoding=e, variant=None, train_len=256, train_lengths="256", eval_mode="nonoverlapping",
+                    split="test", eval_len=n, seed=seed, stopped_step=stop, best_step=best, run_dir=f"{e}{seed}")
+               for e, seed, stop, best in runs for n in (256, 512)]  # fmt: skip
+    pd.DataFrame(results).to_csv(folder / "results.csv", index=False)
+    probes = [dict(encoding="alibi", variant=None, train_len=256, train_lengths="256", seed=s, gain_beyond=g,
+                   effective_context=c, window_gap=-0.01, mass_beyond=0.125)
+              for s, g, c in [(0, -0.002, 32), (1, -0.004, 128)]]  # fmt: skip
+    pd.DataFrame(probes).to_csv(folder / "probes.csv", index=False)
+    return folder
+
+
+def rows(*args: str) -> list[list[str]]:
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True)
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in done.stdout.splitlines()]
+
+
+def test_a_row_per_model_with_seeds_steps_changes_and_probes(tmp_path):
+    heading, _, alibi, learned = rows(str(write_report(tmp_path)), "--window", "512")
+    assert heading[:7] == ["encoding", "variant", "train_len", "stopped / best step", "at train_len", "512",
+                           "window of train_len keys, at 512"]  # fmt: skip
+    assert alibi[:7] == ["alibi", "", "256", "2,400 / 2,000; 1,400 / 900", "205.0 ± 7.1", "195.0 ± 7.1 (−4.9%)",
+                         "184.5 ± 1.0 (−10.0%)"]  # fmt: skip
+    assert alibi[7:] == ["−0.003", "32, 128", "−0.010", "0.12"]
+    assert learned[:7] == ["learned", "", "256", "2,400 / 2,400", "240.0", "unsupported", ""]
+    assert learned[7:] == ["", "", "", ""]
+
+
+def test_multiples_name_the_columns_by_their_ratio_to_train_len(tmp_path):
+    heading, _, alibi, _ = rows(str(write_report(tmp_path)), "--multiples", "--encodings", "alibi,learned")
+    assert heading[4:6] == ["1×", "2×"] and alibi[5] == "195.0 ± 7.1 (−4.9%)"
+    assert [r[0] for r in rows(str(tmp_path), "--encodings", "learned")[2:]] == ["learned"]
