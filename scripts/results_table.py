@@ -130,7 +130,10 @@ def main() -> None:
     parser.add_argument("--encodings", help="comma-separated encodings to keep, in name order")
     args = parser.parse_args()
     encodings = args.encodings.split(",") if args.encodings else None
-    print(table(args.report, args.multiples, args.window, encodings))
+    try:
+        print(table(args.report, args.multiples, args.window, encodings))
+    except (OSError, KeyError, ValueError) as error:  # not a report folder, or one without these columns
+        parser.error(f"{args.report}: {error}")
 
 
 if __name__ == "__main__":

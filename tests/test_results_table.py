@@ -56,3 +56,9 @@ def test_multiples_name_the_columns_by_their_ratio_to_train_len(tmp_path):
     heading, _, alibi, _ = rows(str(write_report(tmp_path)), "--multiples", "--encodings", "alibi,learned")
     assert heading[4:6] == ["1×", "2×"] and alibi[5] == "195.0 ± 7.1 (−4.9%)"
     assert [r[0] for r in rows(str(tmp_path), "--encodings", "learned")[2:]] == ["learned"]
+
+
+def test_a_folder_that_is_no_report_is_one_error_line(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("results_table.py: error:") and "summary.csv" in done.stderr
