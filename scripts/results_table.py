@@ -18,18 +18,22 @@ from pathlib import Path
 
 import pandas as pd
 
+from posbench.evaluate import variant_parts
+
 MODEL = ["encoding", "variant", "train_len", "train_lengths"]
-PROBES = {  # probes.csv column: (heading, digits)
-    "gain_beyond": ("gain_beyond (nats)", 3),
-    "effective_context": ("effective context", None),
-    "window_gap": ("window gap at 16× (nats)", 3),
-    "mass_beyond": ("attention beyond train_len at 16×", 2),
-}
 
 
 def signed(value: float, digits: int, suffix: str = "") -> str:
     """+1.2% / −1.2% with a typographic minus, as docs/results.md writes them."""
     return f"{value:+,.{digits}f}{suffix}".replace("-", "−")
+
+
+PROBES = {  # probes.csv column: (heading, the cell made from its values over seeds)
+    "gain_beyond": ("gain_beyond (nats)", lambda values: signed(values.mean(), 3)),
+    "effective_context": ("effective context", lambda values: ", ".join(f"{v:,.0f}" for v in sorted(values.unique()))),
+    "window_gap": ("window gap at 16× (nats)", lambda values: signed(values.mean(), 3)),
+    "mass_beyond": ("attention beyond train_len at 16×", lambda values: f"{values.mean():.2f}"),
+}
 
 
 def steps(results: pd.DataFrame) -> str:
@@ -66,14 +70,9 @@ def ppl_cells(summary: pd.DataFrame, train_len: int, columns: list[int], multipl
 
 def probe_cells(probes: pd.DataFrame) -> list[str]:
     cells = []
-    for column, (_, digits) in PROBES.items():
+    for column, (_, cell) in PROBES.items():
         values = probes[column].dropna() if column in probes else pd.Series(dtype=float)
-        if values.empty:
-            cells.append("")
-        elif digits is None:
-            cells.append(", ".join(f"{v:,.0f}" for v in sorted(values.unique())))
-        else:
-            cells.append(signed(values.mean(), digits) if column != "mass_beyond" else f"{values.mean():.{digits}f}")
+        cells.append("" if values.empty else cell(values))
     return cells
 
 
@@ -93,7 +92,8 @@ def table(report: Path, multiples: bool, window: int | None, encodings: list[str
     ratios = summary.eval_len / summary.train_len
     longer = summary.eval_len[summary.eval_len > summary.train_len.min()]
     columns = sorted({int(r) for r in ratios if r > 1}) if multiples else sorted(longer.unique())
-    models = summary[~summary.variant.str.contains("window|blockwise|temp|logn|×", regex=True)]
+    evaluated_as = summary.variant.map(lambda variant: variant_parts(variant)[1])
+    models = summary[evaluated_as == ""]  # as trained: no evaluation-time variant (window, scaling, ...)
     mixed = (models.train_lengths != models.train_len.astype(str)).any()
     heading = ["encoding", "variant", *(["trained at"] if mixed else []), "train_len", "stopped / best step"]
     heading += ["1×" if multiples else "at train_len", *(f"{c}×" if multiples else f"{c:,}" for c in columns)]
@@ -107,7 +107,7 @@ def table(report: Path, multiples: bool, window: int | None, encodings: list[str
         cells = [encoding, variant, *([train_lengths] if mixed else []), f"{train_len:,}"]
         cells += [steps(same_model(results, key)), *ppl_cells(rows, train_len, columns, multiples)]
         if window:
-            label = "+".join(filter(None, [variant, f"window{train_len}"]))
+            label = "+".join(filter(None, [variant, f"window{train_len}"]))  # variant_of's order: trained first
             cells += ppl_cells(
                 same_model(summary, (encoding, label, train_len, train_lengths)), train_len, [window], multiples
             )[1:]
