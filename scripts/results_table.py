@@ -3,12 +3,15 @@ perplexity at train_len, the change at each longer length, and its probe numbers
 
     python scripts/results_table.py docs/results/runs/lengths/report --multiples
     python scripts/results_table.py outputs/study/report --encodings alibi,rope --window 8192
+    python scripts/results_table.py docs/results/runs/seed0/report --variants --encodings rope
 
 Reads the report's results.csv, summary.csv and probes.csv (what ``posbench report`` writes), so every
 number in the table can be traced to the runs' CSVs. Rows are the non-overlapping test evaluation of
 each model as trained (variants that change the evaluation, such as windows, are left out; ``--window``
-adds a column for the window of train_len keys). Cells: mean over seeds, with the sample standard
-deviation at train_len and at the longest length when there are several; changes are of the mean.
+adds a column for the window of train_len keys). ``--variants`` prints instead one row per evaluation of
+each model: as trained and each evaluation-time variant (scaling, log-n, temperature, window), under each
+evaluation mode, with the test tokens scored. Cells: mean over seeds, with the sample standard deviation
+at train_len and at the longest length when there are several; changes are of the mean.
 """
 
 from __future__ import annotations
@@ -84,19 +87,36 @@ def read(path: Path) -> pd.DataFrame:
     return table
 
 
-def table(report: Path, multiples: bool, window: int | None, encodings: list[str] | None) -> str:
+def read_report(report: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The report's summary and results rows of the test split, each with its model's trained and
+    evaluated-as parts of the variant (``variant_parts``)."""
     summary, results = read(report / "summary.csv"), read(report / "results.csv")
+    for rows in summary, results:
+        parts = rows.variant.map(variant_parts)
+        rows["trained"], rows["evaluated_as"] = parts.str[0], parts.str[1]
+    return summary[summary.split == "test"], results[results.split == "test"]
+
+
+def length_columns(summary: pd.DataFrame, multiples: bool) -> tuple[list[int], list[str]]:
+    """The lengths (or multiples of train_len) past train_len that have rows, and the headings of
+    train_len's column and theirs."""
+    if multiples:
+        columns = sorted({int(r) for r in summary.eval_len / summary.train_len if r > 1})
+        return columns, ["1×", *(f"{c}×" for c in columns)]
+    columns = sorted(summary.eval_len[summary.eval_len > summary.train_len.min()].unique())
+    return columns, ["at train_len", *(f"{c:,}" for c in columns)]
+
+
+def table(report: Path, multiples: bool, window: int | None, encodings: list[str] | None) -> str:
+    summary, results = read_report(report)
     probes = read(report / "probes.csv") if (report / "probes.csv").exists() else None
-    summary = summary[(summary.split == "test") & (summary.eval_mode == "nonoverlapping")]
-    results = results[(results.split == "test") & (results.eval_mode == "nonoverlapping")]
-    ratios = summary.eval_len / summary.train_len
-    longer = summary.eval_len[summary.eval_len > summary.train_len.min()]
-    columns = sorted({int(r) for r in ratios if r > 1}) if multiples else sorted(longer.unique())
-    evaluated_as = summary.variant.map(lambda variant: variant_parts(variant)[1])
-    models = summary[evaluated_as == ""]  # as trained: no evaluation-time variant (window, scaling, ...)
+    summary = summary[summary.eval_mode == "nonoverlapping"]
+    results = results[results.eval_mode == "nonoverlapping"]
+    columns, length_headings = length_columns(summary, multiples)
+    models = summary[summary.evaluated_as == ""]  # as trained: no evaluation-time variant (window, scaling, ...)
     mixed = (models.train_lengths != models.train_len.astype(str)).any()
     heading = ["encoding", "variant", *(["trained at"] if mixed else []), "train_len", "stopped / best step"]
-    heading += ["1×" if multiples else "at train_len", *(f"{c}×" if multiples else f"{c:,}" for c in columns)]
+    heading += length_headings
     heading += [f"window of train_len keys, at {window:,}{'×' if multiples else ''}"] if window else []
     heading += [name for name, _ in PROBES.values()] if probes is not None else []
     lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
@@ -117,9 +137,29 @@ def table(report: Path, multiples: bool, window: int | None, encodings: list[str
     return "\n".join(lines)
 
 
-def same_model(table: pd.DataFrame, key: tuple) -> pd.DataFrame:
-    """The rows of ``table`` whose encoding, variant, train_len and train_lengths are ``key``."""
-    return table[(table[MODEL].astype(str) == pd.Series(key, index=MODEL).astype(str)).all(axis=1)]
+def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -> str:
+    """One row per evaluation of each model (as trained, then each evaluation-time variant; under each
+    evaluation mode), with the test tokens it scored at train_len."""
+    summary, results = read_report(report)
+    columns, length_headings = length_columns(summary, multiples)
+    heading = ["encoding", "variant", "train_len", "evaluated as", "mode", "test tokens", *length_headings]
+    lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
+    evaluations = ["encoding", "trained", "train_len", "train_lengths", "evaluated_as", "eval_mode"]
+    for key, rows in summary.groupby(evaluations, sort=True):
+        encoding, trained, train_len, _, evaluated_as, mode = key
+        if encodings and encoding not in encodings:
+            continue
+        scored = same_model(results, key, evaluations)
+        tokens = scored.tokens[scored.eval_len == train_len].unique()
+        cells = [encoding, trained, f"{train_len:,}", evaluated_as or "as trained", mode]
+        cells += [", ".join(f"{t:,.0f}" for t in sorted(tokens)), *ppl_cells(rows, train_len, columns, multiples)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def same_model(table: pd.DataFrame, key: tuple, columns: list[str] = MODEL) -> pd.DataFrame:
+    """The rows of ``table`` whose ``columns`` (encoding, variant, train_len and train_lengths) are ``key``."""
+    return table[(table[columns].astype(str) == pd.Series(key, index=columns).astype(str)).all(axis=1)]
 
 
 def main() -> None:
@@ -128,10 +168,14 @@ def main() -> None:
     parser.add_argument("--multiples", action="store_true", help="columns at multiples of train_len")
     parser.add_argument("--window", type=int, help="add the window of train_len keys at this eval_len (or multiple)")
     parser.add_argument("--encodings", help="comma-separated encodings to keep, in name order")
+    parser.add_argument("--variants", action="store_true", help="a row per evaluation: variants, modes, tokens")
     args = parser.parse_args()
     encodings = args.encodings.split(",") if args.encodings else None
     try:
-        print(table(args.report, args.multiples, args.window, encodings))
+        if args.variants:
+            print(variants_table(args.report, args.multiples, encodings))
+        else:
+            print(table(args.report, args.multiples, args.window, encodings))
     except (OSError, KeyError, ValueError) as error:  # not a report folder, or one without these columns
         parser.error(f"{args.report}: {error}")
 

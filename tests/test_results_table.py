@@ -62,3 +62,28 @@ def test_a_folder_that_is_no_report_is_one_error_line(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith("results_table.py: error:") and "summary.csv" in done.stderr
+
+
+def test_variants_print_a_row_per_evaluation_with_its_mode_and_tokens(tmp_path):
+    def evaluation(variant, mode, tokens, ppl_256, ppl_512):
+        keys = dict(encoding="rope", variant=variant, train_len=256, train_lengths="256", eval_mode=mode, split="test")
+        summary = [
+            dict(keys, eval_len=n, seeds=1, ppl_mean=p, ppl_std=None) for n, p in [(256, ppl_256), (512, ppl_512)]
+        ]
+        results = [dict(keys, eval_len=n, tokens=tokens, seed=0, run_dir="rope0") for n in (256, 512)]
+        return summary, results
+
+    evaluations = [
+        evaluation(None, "nonoverlapping", 245568, 200.0, 250.0),  # +25.0%
+        evaluation("yarn×4", "nonoverlapping", 245568, 220.0, 209.0),  # −5.0%
+        evaluation(None, "sliding", 32767, 210.0, 273.0),  # +30.0%
+    ]
+    pd.DataFrame([row for summary, _ in evaluations for row in summary]).to_csv(tmp_path / "summary.csv", index=False)
+    pd.DataFrame([row for _, results in evaluations for row in results]).to_csv(tmp_path / "results.csv", index=False)
+    heading, _, *table = rows(str(tmp_path), "--variants")
+    assert heading == ["encoding", "variant", "train_len", "evaluated as", "mode", "test tokens", "at train_len", "512"]
+    assert table == [
+        ["rope", "", "256", "as trained", "nonoverlapping", "245,568", "200.0", "250.0 (+25.0%)"],
+        ["rope", "", "256", "as trained", "sliding", "32,767", "210.0", "273.0 (+30.0%)"],
+        ["rope", "", "256", "yarn×4", "nonoverlapping", "245,568", "220.0", "209.0 (−5.0%)"],
+    ]
