@@ -17,6 +17,7 @@ at train_len and at the longest length when there are several; changes are of th
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -145,7 +146,7 @@ def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -
     heading = ["encoding", "variant", "train_len", "evaluated as", "mode", "test tokens", *length_headings]
     lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
     evaluations = ["encoding", "trained", "train_len", "train_lengths", "evaluated_as", "eval_mode"]
-    for key, rows in summary.groupby(evaluations, sort=True):
+    for key, rows in sorted(summary.groupby(evaluations), key=lambda group: natural(group[0])):
         encoding, trained, train_len, _, evaluated_as, mode = key
         if encodings and encoding not in encodings:
             continue
@@ -155,6 +156,12 @@ def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -
         cells += [", ".join(f"{t:,.0f}" for t in sorted(tokens)), *ppl_cells(rows, train_len, columns, multiples)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def natural(key: tuple) -> list[tuple]:
+    """A sort key that puts numbers in labels in their order: linear×4 before linear×16, temp1.25 before temp1.5."""
+    parts = [re.split(r"(\d+(?:\.\d+)?)", str(k)) for k in key]  # text, number, text, ...
+    return [tuple(float(part) if i % 2 else part for i, part in enumerate(k)) for k in parts]
 
 
 def same_model(table: pd.DataFrame, key: tuple, columns: list[str] = MODEL) -> pd.DataFrame:

@@ -76,6 +76,9 @@ def test_variants_print_a_row_per_evaluation_with_its_mode_and_tokens(tmp_path):
     evaluations = [
         evaluation(None, "nonoverlapping", 245568, 200.0, 250.0),  # +25.0%
         evaluation("yarn×4", "nonoverlapping", 245568, 220.0, 209.0),  # −5.0%
+        evaluation("yarn×16", "nonoverlapping", 245568, 240.0, 240.0),
+        evaluation("temp1.5", "nonoverlapping", 245568, 230.0, 230.0),
+        evaluation("temp1.25", "nonoverlapping", 245568, 225.0, 225.0),
         evaluation(None, "sliding", 32767, 210.0, 273.0),  # +30.0%
     ]
     pd.DataFrame([row for summary, _ in evaluations for row in summary]).to_csv(tmp_path / "summary.csv", index=False)
@@ -85,5 +88,8 @@ def test_variants_print_a_row_per_evaluation_with_its_mode_and_tokens(tmp_path):
     assert table == [
         ["rope", "", "256", "as trained", "nonoverlapping", "245,568", "200.0", "250.0 (+25.0%)"],
         ["rope", "", "256", "as trained", "sliding", "32,767", "210.0", "273.0 (+30.0%)"],
+        ["rope", "", "256", "temp1.25", "nonoverlapping", "245,568", "225.0", "225.0 (+0.0%)"],
+        ["rope", "", "256", "temp1.5", "nonoverlapping", "245,568", "230.0", "230.0 (+0.0%)"],
         ["rope", "", "256", "yarn×4", "nonoverlapping", "245,568", "220.0", "209.0 (−5.0%)"],
+        ["rope", "", "256", "yarn×16", "nonoverlapping", "245,568", "240.0", "240.0 (+0.0%)"],
     ]
