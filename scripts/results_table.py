@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from posbench.evaluate import variant_parts
+from posbench.markdown import markdown_table
 
 MODEL = ["encoding", "variant", "train_len", "train_lengths"]
 
@@ -120,7 +121,7 @@ def table(report: Path, multiples: bool, window: int | None, encodings: list[str
     heading += length_headings
     heading += [f"window of train_len keys, at {window:,}{'×' if multiples else ''}"] if window else []
     heading += [name for name, _ in PROBES.values()] if probes is not None else []
-    lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
+    lines = []
     for key, rows in models.groupby(MODEL, sort=True):
         encoding, variant, train_len, train_lengths = key
         if encodings and encoding not in encodings:
@@ -134,8 +135,8 @@ def table(report: Path, multiples: bool, window: int | None, encodings: list[str
             )[1:]
         if probes is not None:
             cells += probe_cells(same_model(probes, key))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(heading, lines)
 
 
 def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -> str:
@@ -144,7 +145,7 @@ def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -
     summary, results = read_report(report)
     columns, length_headings = length_columns(summary, multiples)
     heading = ["encoding", "variant", "train_len", "evaluated as", "mode", "test tokens", *length_headings]
-    lines = ["| " + " | ".join(heading) + " |", "|" + "---|" * len(heading)]
+    lines = []
     evaluations = ["encoding", "trained", "train_len", "train_lengths", "evaluated_as", "eval_mode"]
     for key, rows in sorted(summary.groupby(evaluations), key=lambda group: natural(group[0])):
         encoding, trained, train_len, _, evaluated_as, mode = key
@@ -154,8 +155,8 @@ def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -
         tokens = scored.tokens[scored.eval_len == train_len].unique()
         cells = [encoding, trained, f"{train_len:,}", evaluated_as or "as trained", mode]
         cells += [", ".join(f"{t:,.0f}" for t in sorted(tokens)), *ppl_cells(rows, train_len, columns, multiples)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(heading, lines)
 
 
 def natural(key: tuple) -> list[tuple]:
@@ -173,9 +174,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, help="a report folder (posbench report DIR writes DIR/report)")
     parser.add_argument("--multiples", action="store_true", help="columns at multiples of train_len")
-    parser.add_argument("--window", type=int, help="add the window of train_len keys at this eval_len (or multiple)")
     parser.add_argument("--encodings", help="comma-separated encodings to keep, in name order")
-    parser.add_argument("--variants", action="store_true", help="a row per evaluation: variants, modes, tokens")
+    layout = parser.add_mutually_exclusive_group()  # --variants has the window as a row of its own
+    layout.add_argument("--window", type=int, help="add the window of train_len keys at this eval_len (or multiple)")
+    layout.add_argument("--variants", action="store_true", help="a row per evaluation: variants, modes, tokens")
     args = parser.parse_args()
     encodings = args.encodings.split(",") if args.encodings else None
     try:

@@ -93,3 +93,16 @@ def test_variants_print_a_row_per_evaluation_with_its_mode_and_tokens(tmp_path):
         ["rope", "", "256", "yarn×4", "nonoverlapping", "245,568", "220.0", "209.0 (−5.0%)"],
         ["rope", "", "256", "yarn×16", "nonoverlapping", "245,568", "240.0", "240.0 (+0.0%)"],
     ]
+
+
+def test_mixed_training_lengths_stay_in_one_cell(tmp_path):
+    summary = [dict(point("rope", None, n, 230.0, seeds=1), train_lengths="64|128|256") for n in (256, 512)]
+    pd.DataFrame(summary).to_csv(tmp_path / "summary.csv", index=False)
+    results = [dict(encoding="rope", variant=None, train_len=256, train_lengths="64|128|256", split="test",
+                    eval_mode="nonoverlapping", eval_len=n, seed=0, stopped_step=2400, best_step=2000, run_dir="rope0")
+               for n in (256, 512)]  # fmt: skip
+    pd.DataFrame(results).to_csv(tmp_path / "results.csv", index=False)
+    done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, check=True)
+    heading, _, row = done.stdout.splitlines()
+    assert "trained at" in heading and r"| 64\|128\|256 |" in row
+    assert row.replace(r"\|", "").count("|") == heading.count("|")
