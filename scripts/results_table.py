@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 from pathlib import Path
 
 import pandas as pd
 
 from posbench.evaluate import variant_parts
 from posbench.markdown import markdown_table
+from posbench.report.tables import change, mean_std, signed
 
 MODEL = ["encoding", "variant", "train_len", "train_lengths"]
-
-
-def signed(value: float, digits: int, suffix: str = "") -> str:
-    """+1.2% / −1.2% with a typographic minus, as docs/results.md writes them."""
-    return f"{value:+,.{digits}f}{suffix}".replace("-", "−")
 
 
 PROBES = {  # probes.csv column: (heading, the cell made from its values over seeds)
@@ -53,23 +50,18 @@ def ppl_cells(summary: pd.DataFrame, train_len: int, columns: list[int], multipl
     if train_len not in by_len.index:
         return [""] * (len(columns) + 1)
     base = by_len.loc[train_len]
-    spread = base.seeds > 1
-    cells = [f"{base.ppl_mean:,.1f}" + (f" ± {base.ppl_std:.1f}" if spread else "")]
+    cells = [mean_std(base.ppl_mean, base.ppl_std)]
     for column in columns:
         eval_len = train_len * column if multiples else column
         if eval_len not in by_len.index or eval_len <= train_len:
             cells.append("")
             continue
-        point, change = by_len.loc[eval_len], by_len.loc[eval_len].ppl_mean / base.ppl_mean - 1
+        point = by_len.loc[eval_len]
         if pd.isna(point.ppl_mean):  # e.g. learned positions past their table: the status says why
             cells.append(point.status)
             continue
-        last = eval_len == by_len.index.max() and spread
-        cells.append(
-            f"{point.ppl_mean:,.1f}"
-            + (f" ± {point.ppl_std:.1f}" if last else "")
-            + f" ({signed(100 * change, 1, '%')})"
-        )
+        std = point.ppl_std if eval_len == by_len.index.max() else float("nan")  # keeps the row readable
+        cells.append(mean_std(point.ppl_mean, std) + change(point.ppl_mean, base.ppl_mean))
     return cells
 
 
@@ -182,11 +174,14 @@ def main() -> None:
     encodings = args.encodings.split(",") if args.encodings else None
     try:
         if args.variants:
-            print(variants_table(args.report, args.multiples, encodings))
+            text = variants_table(args.report, args.multiples, encodings)
         else:
-            print(table(args.report, args.multiples, args.window, encodings))
+            text = table(args.report, args.multiples, args.window, encodings)
     except (OSError, KeyError, ValueError) as error:  # not a report folder, or one without these columns
         parser.error(f"{args.report}: {error}")
+    if hasattr(signal, "SIGPIPE"):  # `| head` ends the script quietly, as it ends cat
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    print(text)
 
 
 if __name__ == "__main__":

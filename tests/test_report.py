@@ -19,7 +19,7 @@ from posbench.report.figures import (
     length_ratio_curves,
     line_styles,
 )
-from posbench.report.tables import aggregate, normalise, training_curves
+from posbench.report.tables import aggregate, change, mean_std, normalise, training_curves
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -192,3 +192,11 @@ def test_a_run_trained_at_randomized_positions_is_a_line_of_its_own(sweep):
     curves, _ = training_curves(collect_runs(sweep).reported)
     losses = curves[curves["encoding"] == "alibi"].set_index(["variant", "tokens"])["valid_loss"]
     assert losses.to_dict() == {("", 100): 5.5, ("", 200): 4.5, ("randpos64", 100): 6.0, ("randpos64", 200): 5.0}
+
+
+def test_cells_group_thousands_and_write_a_typographic_minus():
+    assert mean_std(1234.56, 7.89) == "1,234.6 ± 7.9"
+    assert mean_std(12.0, float("nan")) == "12.0"  # one seed: no spread to show
+    assert mean_std(float("nan"), 1.0) == ""
+    assert change(190.0, 200.0) == " (−5.0%)"  # U+2212, not a hyphen
+    assert change(4000.0, 200.0) == " (+1,900.0%)"

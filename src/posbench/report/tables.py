@@ -110,9 +110,20 @@ def aggregate(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def mean_std(mean: float, std: float) -> str:
+    """'1,234.5 ± 6.7' (the mean alone where std is NaN: one seed), '' where nothing was measured."""
     if pd.isna(mean):
         return ""
-    return f"{mean:.1f}" if pd.isna(std) else f"{mean:.1f} ± {std:.1f}"
+    return f"{mean:,.1f}" if pd.isna(std) else f"{mean:,.1f} ± {std:.1f}"
+
+
+def signed(value: float, digits: int, suffix: str = "") -> str:
+    """+1.2% / −1.2% with a typographic minus."""
+    return f"{value:+,.{digits}f}{suffix}".replace("-", "−")
+
+
+def change(mean: float, base: float) -> str:
+    """' (+4.2%)': the change of a mean perplexity against the one at train_len."""
+    return f" ({signed(100 * (mean / base - 1), 1, '%')})"
 
 
 def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "ppl") -> pd.DataFrame:
@@ -131,7 +142,7 @@ def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "pp
             mean, std = point[f"{value}_mean"], point[f"{value}_std"]
             cell = mean_std(mean, std) or (point["status"] if isinstance(point.get("status"), str) else "")
             if value == "ppl" and not pd.isna(mean) and not pd.isna(base) and eval_len != key[2]:
-                cell += f" ({100 * (mean / base - 1):+.1f}%)"
+                cell += change(mean, base)
             cells[eval_len] = cell
         if value == "ppl":
             unigram = group["unigram_ppl"].mean()
