@@ -19,7 +19,7 @@ from posbench.report.figures import (
     length_ratio_curves,
     line_styles,
 )
-from posbench.report.tables import aggregate, change, mean_std, normalise, training_curves
+from posbench.report.tables import aggregate, change, mean_std, normalise, signed, training_curves
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16
@@ -200,3 +200,4 @@ def test_cells_group_thousands_and_write_a_typographic_minus():
     assert mean_std(float("nan"), 1.0) == ""
     assert change(190.0, 200.0) == " (−5.0%)"  # U+2212, not a hyphen
     assert change(4000.0, 200.0) == " (+1,900.0%)"
+    assert signed(-0.00004, 3) == "+0.000"  # rounds to zero: no minus

@@ -117,8 +117,8 @@ def mean_std(mean: float, std: float) -> str:
 
 
 def signed(value: float, digits: int, suffix: str = "") -> str:
-    """+1.2% / −1.2% with a typographic minus."""
-    return f"{value:+,.{digits}f}{suffix}".replace("-", "−")
+    """+1.2% / −1.2% with a typographic minus (+0.0, not −0.0, for what rounds to zero)."""
+    return f"{round(value, digits) + 0.0:+,.{digits}f}{suffix}".replace("-", "−")
 
 
 def change(mean: float, base: float) -> str:

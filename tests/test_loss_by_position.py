@@ -1,0 +1,41 @@
+"""scripts/loss_by_position.py: the excess loss by window position, checked on hand-made per_position.csv."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "loss_by_position.py"
+
+
+def write_run(folder: Path, train_len: int, points: list[tuple]) -> Path:
+    """points: (eval_len, position, nll, count); plus rows the script must leave out."""
+    base = dict(encoding="rope", train_len=train_len, seed=0, split="test", eval_mode="nonoverlapping")
+    rows = [dict(base, variant=None, eval_len=e, position=p, nll=n, count=c) for e, p, n, c in points]
+    rows.append(dict(base, variant="window4", eval_len=8, position=6, nll=99.0, count=1))  # a variant
+    rows.append(dict(base, variant=None, split="valid", eval_len=8, position=6, nll=99.0, count=1))
+    rows.append(dict(base, variant=None, eval_mode="sliding", eval_len=8, position=6, nll=99.0, count=1))
+    folder.mkdir()
+    pd.DataFrame(rows).to_csv(folder / "per_position.csv", index=False)
+    return folder
+
+
+def test_cells_are_token_weighted_excess_over_the_training_length(tmp_path):
+    short = write_run(tmp_path / "short", 4, [(4, 0, 5.0, 3), (4, 3, 6.0, 1),  # base (3·5 + 6) / 4 = 5.25
+                                              (8, 1, 5.5, 1), (8, 4, 6.0, 1), (8, 7, 7.0, 3)])  # fmt: skip
+    long = write_run(tmp_path / "long", 8, [(8, 0, 5.0, 2), (8, 4, 5.5, 2)])  # base 5.25, no 4-token windows
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(short), str(long), "--eval-len", "8", "--edges", "0,4,8"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert lines[0] == "| encoding | train_len | NLL at train_len | 0–3 | 4–7 |"
+    assert lines[2] == "| rope | 4 | 5.250 | +0.250 | +1.500 |"  # 5.5 − 5.25; (6 + 3·7) / 4 − 5.25
+    assert lines[3] == "| rope | 8 | 5.250 | −0.250 | +0.250 |"
+
+
+def test_a_folder_without_per_position_csv_is_one_error_line(tmp_path):
+    args = [sys.executable, str(SCRIPT), str(tmp_path), "--eval-len", "8"]
+    done = subprocess.run(args, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("loss_by_position.py: error:")
