@@ -39,3 +39,20 @@ def test_a_folder_without_per_position_csv_is_one_error_line(tmp_path):
     args = [sys.executable, str(SCRIPT), str(tmp_path), "--eval-len", "8"]
     done = subprocess.run(args, capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("loss_by_position.py: error:")
+
+
+def test_a_variant_is_read_against_the_run_as_trained(tmp_path):
+    short = write_run(tmp_path / "short", 4, [(4, 0, 5.0, 1)])  # as trained at train_len: 5.0
+    args = [
+        sys.executable,
+        str(SCRIPT),
+        str(short),
+        "--eval-len",
+        "8",
+        "--edges",
+        "0,4,8",
+        "--variant",
+        "window{train_len}",
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[2] == "| rope | 4 | 5.000 |  | +94.000 |"  # window4's one row: 99 − 5
