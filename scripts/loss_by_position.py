@@ -27,7 +27,7 @@ def weighted_nll(rows: pd.DataFrame) -> float:
     return float((rows.nll * rows["count"]).sum() / rows["count"].sum()) if len(rows) else float("nan")
 
 
-def test_rows(run: Path) -> pd.DataFrame:
+def scored_rows(run: Path) -> pd.DataFrame:
     """The run's per-position NLL on the test split, non-overlapping, its variant labels as text ('' as trained)."""
     table = pd.read_csv(run / "per_position.csv", dtype={"variant": str})
     table["variant"] = table.variant.fillna("")
@@ -35,7 +35,7 @@ def test_rows(run: Path) -> pd.DataFrame:
 
 
 def row(run: Path, eval_len: int, edges: list[int], variant: str) -> list[str]:
-    table = test_rows(run)
+    table = scored_rows(run)
     train_len = int(table.train_len.iloc[0])
     base = weighted_nll(table[(table.eval_len == train_len) & (table.variant == "")])  # as trained
     at = table[(table.eval_len == eval_len) & (table.variant == variant.replace("{train_len}", str(train_len)))]
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--variant", default="", help="an evaluation-time variant, e.g. 'window{train_len}'")
     parser.add_argument("--edges", help="comma-separated bin edges (default: 0, 64, 128, ... doubling to eval_len)")
     args = parser.parse_args()
-    doubling = [0, *(2**k for k in range(6, args.eval_len.bit_length()) if 2**k <= args.eval_len)]
+    doubling = [0, *(2**k for k in range(6, args.eval_len.bit_length()) if 2**k < args.eval_len), args.eval_len]
     edges = [int(e) for e in args.edges.split(",")] if args.edges else doubling
     heading = ["encoding", "train_len", "NLL at train_len", *(f"{a:,}–{b - 1:,}" for a, b in zip(edges, edges[1:]))]
     try:
