@@ -34,14 +34,16 @@ def scored_rows(run: Path) -> pd.DataFrame:
     return table[(table.split == "test") & (table.eval_mode == "nonoverlapping")]
 
 
-def row(run: Path, eval_len: int, edges: list[int], variant: str) -> list[str]:
+def row(run: Path, eval_len: int, edges: list[int], variant: str) -> tuple[tuple[str, int], list[str]]:
+    """The run's (encoding, train_len), to order the rows by, and its cells."""
     table = scored_rows(run)
     train_len = int(table.train_len.iloc[0])
     base = weighted_nll(table[(table.eval_len == train_len) & (table.variant == "")])  # as trained
     at = table[(table.eval_len == eval_len) & (table.variant == variant.replace("{train_len}", str(train_len)))]
     excess = [weighted_nll(at[(at.position >= a) & (at.position < b)]) - base for a, b in zip(edges, edges[1:])]
     cells = ["" if pd.isna(e) else signed(e, 3) for e in excess]  # no rows at eval_len: blank
-    return [table.encoding.iloc[0], f"{train_len:,}", f"{base:.3f}", *cells]
+    encoding = table.encoding.iloc[0]
+    return (encoding, train_len), [encoding, f"{train_len:,}", f"{base:.3f}", *cells]
 
 
 def main() -> None:
@@ -55,15 +57,12 @@ def main() -> None:
     edges = [int(e) for e in args.edges.split(",")] if args.edges else doubling
     heading = ["encoding", "train_len", "NLL at train_len", *(f"{a:,}–{b - 1:,}" for a, b in zip(edges, edges[1:]))]
     try:
-        lines = sorted(
-            (row(run, args.eval_len, edges, args.variant) for run in args.runs),
-            key=lambda r: (r[0], int(r[1].replace(",", ""))),
-        )
+        rows = sorted(row(run, args.eval_len, edges, args.variant) for run in args.runs)
     except (OSError, KeyError, ValueError, IndexError) as error:  # not a run folder, or one without the rows
         parser.error(str(error))
     if hasattr(signal, "SIGPIPE"):  # `| head` ends the script quietly, as it ends cat
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    print(markdown_table(heading, lines))
+    print(markdown_table(heading, [cells for _, cells in rows]))
 
 
 if __name__ == "__main__":

@@ -26,13 +26,20 @@ def test_cells_are_token_weighted_excess_over_the_training_length(tmp_path):
                                               (8, 1, 5.5, 1), (8, 4, 6.0, 1), (8, 7, 7.0, 3)])  # fmt: skip
     long = write_run(tmp_path / "long", 8, [(8, 0, 5.0, 2), (8, 4, 5.5, 2)])  # base 5.25, no 4-token windows
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(short), str(long), "--eval-len", "8", "--edges", "0,4,8"],
+        [sys.executable, str(SCRIPT), str(long), str(short), "--eval-len", "8", "--edges", "0,4,8"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     lines = done.stdout.splitlines()
     assert lines[0] == "| encoding | train_len | NLL at train_len | 0–3 | 4–7 |"
     assert lines[2] == "| rope | 4 | 5.250 | +0.250 | +1.500 |"  # 5.5 − 5.25; (6 + 3·7) / 4 − 5.25
-    assert lines[3] == "| rope | 8 | 5.250 | −0.250 | +0.250 |"
+    assert lines[3] == "| rope | 8 | 5.250 | −0.250 | +0.250 |"  # rows by train_len, not in the order given
+
+
+def test_default_bins_double_from_64_and_end_at_eval_len(tmp_path):
+    short = write_run(tmp_path / "short", 4, [(4, 0, 5.0, 1)])
+    args = [sys.executable, str(SCRIPT), str(short), "--eval-len", "200"]
+    done = subprocess.run(args, capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[0] == "| encoding | train_len | NLL at train_len | 0–63 | 64–127 | 128–199 |"
 
 
 def test_a_folder_without_per_position_csv_is_one_error_line(tmp_path):
