@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench.attention import Attention
+from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
 from posbench.positional import build_encoding
 from posbench.reevaluate import evaluate_checkpoint, register
@@ -46,7 +47,7 @@ def test_the_logits_are_scaled_by_tau_and_the_bias_is_not(backend, name, slopes)
 
 def test_variant_names_the_temperature():
     def eval_cfg(tau, window=None):
-        return OmegaConf.create({"window": window, "blockwise": None, "attn_temperature": tau})
+        return OmegaConf.structured(EvalConfig(window=window, attn_temperature=tau))
 
     assert variant_of({"name": "none"}, eval_cfg(1.2)) == "temp1.2"
     assert variant_of({"name": "none"}, eval_cfg(2.0)) == "temp2"

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from posbench import attention as attention_mod
 from posbench.attention import causal_mask, reaching, reaching_block_mask
+from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
 from posbench.positional import ENCODINGS, build_encoding
 
@@ -111,7 +112,7 @@ def test_flex_equals_eager_with_blocks(build):
 
 def test_variant_names_the_block_size():
     rope = OmegaConf.create({"name": "rope", "scaling": {"type": "yarn", "factor": 4}})
-    eval_cfg = OmegaConf.create({"window": None, "blockwise": 128, "attn_temperature": None})
+    eval_cfg = OmegaConf.structured(EvalConfig(blockwise=128))
     assert variant_of({"name": "xpos"}, eval_cfg) == "blockwise128"
     assert variant_of(rope, eval_cfg) == "yarn×4+blockwise128"
 

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from posbench.attention import Attention, causal_mask, eager_attention
-from posbench.config import Config
+from posbench.config import Config, EvalConfig
 from posbench.errors import PosbenchError
 from posbench.evaluate import variant_of, variant_parts
 from posbench.model import LanguageModel, ModelConfig
@@ -167,7 +167,7 @@ def test_randomized_positions_are_part_of_the_variant_and_say_how_the_model_was_
     assert variant_of(rope) == "randpos8192"
     assert variant_of(OmegaConf.create({"name": "learned", "randomized_positions": 512})) == "randpos512"
     yarn = OmegaConf.merge(rope, {"scaling": {"type": "yarn", "factor": 4}})
-    evaluated = OmegaConf.create({"window": 256, "blockwise": None, "attn_temperature": 1.5})
+    evaluated = OmegaConf.structured(EvalConfig(window=256, attn_temperature=1.5))
     variant = variant_of(yarn, evaluated, OmegaConf.create({"logn_scaling": True}))
     assert variant == "randpos8192+yarn×4+logn+window256+temp1.5"
     assert variant_parts(variant) == ("randpos8192", "yarn×4+logn+window256+temp1.5")

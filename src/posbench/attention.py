@@ -17,10 +17,12 @@ Evaluation-time variants of attention (``Attention.evaluated_as``), for any enco
   used there with xPos at inference): positions are cut into blocks of W and every query attends to
   the keys of its own block and of the previous one;
 * ``temperature`` tau (``eval.attn_temperature``): q·kᵀ/√d multiplied by tau (Wang et al., 2024,
-  arXiv:2404.12224, scale λ·q·kᵀ/√d as there); the encoding's bias is not scaled.
+  arXiv:2404.12224, scale λ·q·kᵀ/√d as there); the encoding's bias is not scaled;
+* ``sink`` S (``eval.sink``), with a window or blocks: the sequence's first S keys stay visible to every
+  query beside them (the attention sinks of Xiao et al., 2023, arXiv:2309.17453, which a window evicts).
 
-Window and blockwise both give every query a first visible key (``oldest_key``): a causal mask cut
-there in eager and sdpa, a BlockMask of the same rule in flex.
+Window and blockwise both give every query a first visible key (``oldest_key``), sinks aside: a causal
+mask cut there in eager and sdpa, a BlockMask of the same rule in flex.
 """
 
 from __future__ import annotations
@@ -63,18 +65,20 @@ def causal_mask(
     window: int | None = None,
     blockwise: int | None = None,
     positions: Tensor | None = None,
+    sink: int = 0,
 ) -> Tensor:
     """Float mask (1, H, Q, K) for the queries at indices ``q_idx`` (Q,) and the keys at ``k_idx`` (K,) of a
     sequence — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
 
     The bias is that of the tokens' ``positions`` (T,), or (B, T) for a mask (B, H, Q, K) with one bias per
     sequence; ``None``: the indices are the positions. With ``window`` or ``blockwise``, also -inf before each
-    query's ``oldest_key``. Built in fp32 (bias at large distances loses precision in bf16). The leading 1
-    matters: SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K) silently falls to the math path.
+    query's ``oldest_key``, except at the first ``sink`` key indices. Built in fp32 (bias at large distances
+    loses precision in bf16). The leading 1 matters: SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K)
+    silently falls to the math path.
     """
     hidden = k_idx[None, :] > q_idx[:, None]  # (Q, K)
     if window is not None or blockwise is not None:
-        hidden |= k_idx[None, :] < oldest_key(q_idx, window, blockwise)[:, None]
+        hidden |= (k_idx[None, :] < oldest_key(q_idx, window, blockwise)[:, None]) & (k_idx[None, :] >= sink)
     if not encoding.has_bias:
         return torch.zeros(1, 1, *hidden.shape, device=q_idx.device).masked_fill(hidden, float("-inf"))
     if positions is None:
@@ -188,32 +192,40 @@ def causal_block_mask(seq_len: int, device: torch.device, block: int = FLEX_BLOC
     )
 
 
-def reaching(window: int | None, blockwise: int | None):
-    """Flex ``mask_mod``: query q sees keys ``oldest_key(q)`` .. q."""
+def reaching(window: int | None, blockwise: int | None, sink: int = 0):
+    """Flex ``mask_mod``: query q sees keys ``oldest_key(q)`` .. q and the first ``sink`` keys."""
 
     def mask_mod(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (q_idx >= kv_idx) & (kv_idx >= oldest_key(q_idx, window, blockwise))
+        return (q_idx >= kv_idx) & ((kv_idx >= oldest_key(q_idx, window, blockwise)) | (kv_idx < sink))
 
     return mask_mod
 
 
 def reaching_block_mask(
-    seq_len: int, window: int | None, blockwise: int | None, device: torch.device, block: int = FLEX_BLOCK
+    seq_len: int,
+    window: int | None,
+    blockwise: int | None,
+    device: torch.device,
+    block: int = FLEX_BLOCK,
+    sink: int = 0,
 ):
     """Flex's BlockMask of ``reaching``, written down directly like ``causal_block_mask``: query
-    block i sees key blocks from the one holding its first query's oldest key up to i, each
-    through ``reaching`` (so no T×T grid is ever evaluated)."""
+    block i sees the key blocks holding sinks, then those from the one holding its first query's
+    oldest key up to i, each through ``reaching`` (so no T×T grid is ever evaluated)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     n = -(-seq_len // block)
     rows = torch.arange(n, device=device, dtype=torch.int32)
     lowest = oldest_key(rows * block, window, blockwise).clamp(min=0) // block  # (n,)
-    indices = (lowest[:, None] + rows[None, :]).clamp(max=n - 1)  # (n, n): row i's first i - lowest + 1 are used
+    sinks = lowest.clamp(max=-(-sink // block))  # (n,): sink blocks before row i's lowest
+    column = rows[None, :]
+    # (n, n): row i's first sinks[i] + i - lowest[i] + 1 are used: 0 .. sinks - 1, then lowest .. i
+    indices = torch.where(column < sinks[:, None], column, lowest[:, None] + column - sinks[:, None]).clamp(max=n - 1)
     return BlockMask.from_kv_blocks(
-        (rows - lowest + 1)[None, None],
+        (sinks + rows - lowest + 1)[None, None],
         indices[None, None].contiguous(),
         BLOCK_SIZE=block,
-        mask_mod=reaching(window, blockwise),
+        mask_mod=reaching(window, blockwise, sink),
         seq_lengths=(seq_len, seq_len),
     )
 
@@ -243,6 +255,7 @@ class Plan:
     # Each query's oldest key (``oldest_key``; ``Attention.evaluated_as``); both None: all before it.
     window: int | None = None
     blockwise: int | None = None
+    sink: int = 0  # the first keys, visible to every query whatever the window or blocks cut
     positions: Tensor | None = None  # the tokens' positions (T,) or (B, T), for the encoding's rotation and bias
     #: The positions are the encoding's 0..T-1 (``counting``): masks are kept per length, flex biases by index.
     positions_are_indices: bool = True
@@ -273,19 +286,26 @@ class Attention:
         self.window: int | None = None
         self.blockwise: int | None = None
         self.temperature: float | None = None
+        self.sink = 0
         self.observer: Callable[[Tensor, Tensor], None] | None = None
 
     @contextlib.contextmanager
-    def evaluated_as(self, window: int | None = None, blockwise: int | None = None, temperature: float | None = None):
+    def evaluated_as(
+        self,
+        window: int | None = None,
+        blockwise: int | None = None,
+        temperature: float | None = None,
+        sink: int = 0,
+    ):
         """Within the block, attend as an evaluation-time variant asks (module docstring; ``None``: as
         trained): each query sees its last ``window`` keys, or its own and the previous block of
-        ``blockwise`` positions; ``temperature`` multiplies q·kᵀ/√d."""
-        previous = self.window, self.blockwise, self.temperature
-        self.window, self.blockwise, self.temperature = window, blockwise, temperature
+        ``blockwise`` positions, and the first ``sink`` keys; ``temperature`` multiplies q·kᵀ/√d."""
+        previous = self.window, self.blockwise, self.temperature, self.sink
+        self.window, self.blockwise, self.temperature, self.sink = window, blockwise, temperature, sink
         try:
             yield
         finally:
-            self.window, self.blockwise, self.temperature = previous
+            self.window, self.blockwise, self.temperature, self.sink = previous
 
     def flex_obstacle(self, device: torch.device, needs_grad: bool, dropout_p: float) -> str | None:
         """Why flex cannot serve this pass, or ``None`` if it can."""
@@ -327,7 +347,7 @@ class Attention:
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
         # A limit that cuts no key at this length (the last query sees key 0) is plain causal attention.
         limited = oldest_key(seq_len - 1, self.window, self.blockwise) > 0
-        reach = dict(window=self.window, blockwise=self.blockwise) if limited else {}
+        reach = dict(window=self.window, blockwise=self.blockwise, sink=self.sink) if limited else {}
         indices = self.encoding.counting(seq_len, device)
         positions = indices if positions is None else positions
         plan = Plan(backend, seq_len, dropout_p, positions=positions, **reach)
@@ -337,7 +357,7 @@ class Attention:
             if not limited:
                 plan.block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
             else:
-                key = ("block", padded, device, self.window, self.blockwise)
+                key = ("block", padded, device, self.window, self.blockwise, self.sink)
                 plan.block_mask = self.cached(key, lambda: reaching_block_mask(padded, device=device, **reach))
             return plan
         if backend == "sdpa" and not self.encoding.has_bias and not limited:
@@ -404,10 +424,13 @@ class Attention:
         bias_positions = None if plan.positions_are_indices else plan.positions
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
-            e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see keys lo..e-1
+            e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see the sinks and keys lo..e-1
             lo = max(0, oldest_key(s, plan.window, plan.blockwise))  # older keys: hidden from every query here
+            sinks = min(plan.sink, lo)  # sink keys before lo (later ones are among lo..e-1)
+            keys = torch.cat([idx[:sinks], idx[lo:e]])
             mask = causal_mask(
-                self.encoding, idx[s:e], idx[lo:e], plan.window, plan.blockwise, bias_positions
-            )  # (B|1, H|1, e-s, e-lo)
-            out.append(attend(q[:, :, s:e], k[:, :, lo:e], v[:, :, lo:e], mask, plan.dropout_p))
+                self.encoding, idx[s:e], keys, plan.window, plan.blockwise, bias_positions, plan.sink
+            )  # (B|1, H|1, e-s, len(keys))
+            k_seen, v_seen = (k[:, :, lo:e], v[:, :, lo:e]) if sinks == 0 else (k[:, :, keys], v[:, :, keys])
+            out.append(attend(q[:, :, s:e], k_seen, v_seen, mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)

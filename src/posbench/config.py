@@ -87,6 +87,9 @@ class EvalConfig:
     #: Blockwise causal attention, as xPos's paper evaluates (Sun et al., 2022): each query attends to the
     #: keys of its own block of W positions and of the previous block (``null``: all); ``variant=blockwiseW``.
     blockwise: Optional[int] = None
+    #: With ``window`` or ``blockwise``: the sequence's first S keys stay visible to every query (attention
+    #: sinks, Xiao et al., 2023, which a window evicts; 0: none); rows get ``variant=window256+sink4``.
+    sink: int = 0
     #: Attention temperature tau (Wang et al., 2024): q·kᵀ/√d multiplied by tau, the encoding's bias left
     #: as it is (``null``: off; above 1 sharpens); rows get ``variant=temp1.2``.
     attn_temperature: Optional[float] = None
@@ -165,6 +168,11 @@ def check_eval(e) -> None:
     for key, keys in (("window", e.window), ("blockwise", e.blockwise)):
         if keys is not None and keys < 1:
             raise PosbenchError(f"eval.{key} must be a positive number of keys or null, got {keys}")
+    if e.sink < 0 or (e.sink and e.window is None and e.blockwise is None):
+        raise PosbenchError(
+            f"eval.sink keeps the first keys visible beside eval.window or eval.blockwise: it needs one of them "
+            f"and must be >= 0, got eval.sink={e.sink}"
+        )
     if e.attn_temperature is not None and not 0 < e.attn_temperature < math.inf:
         raise PosbenchError(f"eval.attn_temperature must be a positive number or null, got {e.attn_temperature}")
     unknown = set(e.splits) - {"train", "valid", "test"}

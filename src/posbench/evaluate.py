@@ -228,7 +228,7 @@ RANDOMIZED_LABEL = "randpos"
 def variant_of(encoding_cfg, eval_cfg=None, model_cfg=None) -> str:
     """The variant: the training-side randomized positions (``randpos8192``) and the evaluation-time
     variant: the encoding's (e.g. ``yarn×4``), log-n scaling's (``logn``, from ``model_cfg``) and the
-    attention's from ``eval_cfg`` (``window256``, ``blockwise128``, ``temp1.2``), joined by ``+``; empty
+    attention's from ``eval_cfg`` (``window256``, ``blockwise128``, ``sink4``, ``temp1.2``), joined by ``+``; empty
     for a model trained and evaluated plainly."""
     config = encoding_config(encoding_cfg)
     labels = ["" if config.randomized_positions is None else f"{RANDOMIZED_LABEL}{config.randomized_positions}"]
@@ -236,7 +236,7 @@ def variant_of(encoding_cfg, eval_cfg=None, model_cfg=None) -> str:
     if model_cfg is not None and model_cfg.logn_scaling:
         labels.append("logn")
     if eval_cfg is not None:
-        keys = {"window": eval_cfg.window, "blockwise": eval_cfg.blockwise}
+        keys = {"window": eval_cfg.window, "blockwise": eval_cfg.blockwise, "sink": eval_cfg.sink or None}
         labels += [f"{name}{value}" for name, value in keys.items() if value is not None]
         labels.append("" if eval_cfg.attn_temperature is None else f"temp{eval_cfg.attn_temperature:g}")
     return "+".join(label for label in labels if label)
@@ -269,10 +269,11 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir)
     """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv`` and
     the per-article loss to ``run_dir/per_article.csv``.
 
-    ``eval.window``, ``eval.blockwise`` and ``eval.attn_temperature`` change the attention (``Attention.evaluated_as``).
+    ``eval.window``, ``eval.blockwise``, ``eval.sink`` and ``eval.attn_temperature`` change the attention
+    (``Attention.evaluated_as``).
     """
     e = cfg.eval
-    with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature):
+    with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
         return score_lengths(model, corpus, cfg, device, run_dir)
 
 
