@@ -7,7 +7,7 @@ Reads each run's attention_stats.csv (the attention probe: one window of the str
 tokens at 1, 4 and 16 × train_len) for the model as trained. A cell is the mean over layers and heads of
 ``entropy`` (nats), ``mean_distance`` (tokens) or ``mass_beyond_train_len`` (the share of attention on keys
 more than train_len back; blank at train_len); blank where the run has no such length. Rows are in order
-of encoding, variant and train_len.
+of encoding, variant, train_len and seed.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from posbench.report.probes import as_trained
 STATS = {"entropy": 3, "mean_distance": 1, "mass_beyond_train_len": 3}  # digits of a cell
 
 
-def run_means(run: Path, stat: str) -> tuple[tuple[str, str, int], pd.Series]:
-    """The run's (encoding, variant, train_len) and its mean ``stat`` per eval_len (probed lengths only)."""
+def run_means(run: Path, stat: str) -> tuple[tuple[str, str, int, int], pd.Series]:
+    """The run's (encoding, variant, train_len, seed) and its mean ``stat`` per eval_len (probed lengths only)."""
     table = as_trained(pd.read_csv(run / "attention_stats.csv"))
     table = table[table.status == "ok"]
     first = table.iloc[0]
-    return (first.encoding, first.variant, int(first.train_len)), table.groupby("eval_len")[stat].mean()
+    identity = (first.encoding, first.variant, int(first.train_len), int(first.seed))
+    return identity, table.groupby("eval_len")[stat].mean()
 
 
 def main() -> None:
@@ -38,17 +39,17 @@ def main() -> None:
     parser.add_argument("--stat", choices=list(STATS), default="mean_distance", help="the statistic to print")
     args = parser.parse_args()
     try:
-        runs = sorted(run_means(run, args.stat) for run in args.runs)
+        runs = sorted((run_means(run, args.stat) for run in args.runs), key=lambda run: run[0])
     except (OSError, KeyError, ValueError, IndexError, AttributeError) as error:  # not a run folder, or no rows
         parser.error(str(error))
     lengths = sorted({int(n) for _, means in runs for n in means.index})
     rows = []
-    for (encoding, variant, train_len), means in runs:
+    for (encoding, variant, train_len, seed), means in runs:
         cells = ["" if pd.isna(means.get(n)) else f"{means[n]:,.{STATS[args.stat]}f}" for n in lengths]
-        rows.append([encoding, variant, f"{train_len:,}", *cells])
+        rows.append([encoding, variant, f"{train_len:,}", seed, *cells])
     if hasattr(signal, "SIGPIPE"):  # `| head` ends the script quietly, as it ends cat
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    numeric = ["train_len", *(f"{n:,}" for n in lengths)]
+    numeric = ["train_len", "seed", *(f"{n:,}" for n in lengths)]
     print(markdown_table(["encoding", "variant", *numeric], rows, right=numeric))
 
 
