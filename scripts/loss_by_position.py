@@ -8,7 +8,7 @@ Reads each run's per_position.csv (non-overlapping test windows; the model as tr
 of the positions in [a, b) of the eval_len windows minus the run's mean NLL over the whole windows of
 train_len as trained, in nats. Runs at one eval_len score the same tokens at each position, so
 their cells compare directly; positions past train_len are ones a run never trained on. Rows are in
-order of encoding and train_len.
+order of encoding, train_len and seed.
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ def scored_rows(run: Path) -> pd.DataFrame:
     return table[(table.split == "test") & (table.eval_mode == "nonoverlapping")]
 
 
-def row(run: Path, eval_len: int, edges: list[int], variant: str) -> tuple[tuple[str, int], list[str]]:
-    """The run's (encoding, train_len), to order the rows by, and its cells."""
+def row(run: Path, eval_len: int, edges: list[int], variant: str) -> tuple[tuple[str, int, int], list]:
+    """The run's (encoding, train_len, seed), to order the rows by, and its cells."""
     table = scored_rows(run)
     train_len = int(table.train_len.iloc[0])
     base = weighted_nll(table[(table.eval_len == train_len) & (table.variant == "")])  # as trained
     at = table[(table.eval_len == eval_len) & (table.variant == variant.replace("{train_len}", str(train_len)))]
     excess = [weighted_nll(at[(at.position >= a) & (at.position < b)]) - base for a, b in zip(edges, edges[1:])]
     cells = ["" if pd.isna(e) else signed(e, 3) for e in excess]  # no rows at eval_len: blank
-    encoding = table.encoding.iloc[0]
-    return (encoding, train_len), [encoding, f"{train_len:,}", f"{base:.3f}", *cells]
+    encoding, seed = table.encoding.iloc[0], int(table.seed.iloc[0])
+    return (encoding, train_len, seed), [encoding, f"{train_len:,}", seed, f"{base:.3f}", *cells]
 
 
 def main() -> None:
@@ -55,9 +55,10 @@ def main() -> None:
     args = parser.parse_args()
     doubling = [0, *(2**k for k in range(6, args.eval_len.bit_length()) if 2**k < args.eval_len), args.eval_len]
     edges = [int(e) for e in args.edges.split(",")] if args.edges else doubling
-    heading = ["encoding", "train_len", "NLL at train_len", *(f"{a:,}–{b - 1:,}" for a, b in zip(edges, edges[1:]))]
+    bins = [f"{a:,}–{b - 1:,}" for a, b in zip(edges, edges[1:])]
+    heading = ["encoding", "train_len", "seed", "NLL at train_len", *bins]
     try:
-        rows = sorted(row(run, args.eval_len, edges, args.variant) for run in args.runs)
+        rows = sorted((row(run, args.eval_len, edges, args.variant) for run in args.runs), key=lambda r: r[0])
     except (OSError, KeyError, ValueError, IndexError) as error:  # not a run folder, or one without the rows
         parser.error(str(error))
     if hasattr(signal, "SIGPIPE"):  # `| head` ends the script quietly, as it ends cat
