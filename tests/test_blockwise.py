@@ -1,5 +1,6 @@
 """Blockwise causal attention (``eval.blockwise=W``, the xPos paper's inference): each query attends to
-the keys of its own block of W positions and of the previous block, in every backend."""
+the keys of its own block of W positions and of the previous block. (The backends' agreement:
+tests/test_attention_variants.py.)"""
 
 from __future__ import annotations
 
@@ -13,33 +14,14 @@ from posbench import attention as attention_mod
 from posbench.attention import causal_mask, reaching, reaching_block_mask
 from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
-from posbench.positional import ENCODINGS, build_encoding
+from posbench.positional import build_encoding
 
-VOCAB, SEQ, BLOCK = 50, 40, 6
+SEQ = 40
 
 
 def visible(i: int, j: int, w: int) -> bool:
     """The definition: key j is in query i's block (i // w) or the block before, and not after i."""
     return j <= i and i // w - 1 <= j // w <= i // w
-
-
-@pytest.fixture
-def build(tiny_lm):
-    def _build(name: str, backend: str):
-        return tiny_lm(name, vocab=VOCAB, train_len=SEQ, attention=backend, encoding_noise=0.5).eval()
-
-    return _build
-
-
-def tokens(length: int = SEQ) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = torch.randint(0, VOCAB, (2, 2, length), generator=torch.Generator().manual_seed(1))
-    return x, y
-
-
-@torch.no_grad()
-def nll(lm, blockwise: int | None, x, y) -> torch.Tensor:
-    with lm.attention.evaluated_as(blockwise=blockwise):
-        return lm.token_nll(x, y)
 
 
 def test_the_mask_is_the_loop_definition():
@@ -71,43 +53,6 @@ def test_flex_block_mask_and_mask_mod_follow_the_definition():
                 needed[a, b] = truth[a * block : (a + 1) * block, b * block : (b + 1) * block].any()
         listed = reaching_block_mask(n, None, w, torch.device("cpu")).to_dense()[0, 0].bool()
         assert torch.equal(listed, needed), w
-
-
-@pytest.mark.parametrize("name", list(ENCODINGS))
-def test_sdpa_equals_eager_with_blocks(name, build):
-    x, y = tokens()
-    eager = nll(build(name, "eager"), BLOCK, x, y)
-    torch.testing.assert_close(nll(build(name, "sdpa"), BLOCK, x, y), eager, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(eager, nll(build(name, "eager"), None, x, y))  # the blocks did something
-
-
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_blocks_of_half_the_sequence_change_nothing(backend, build):
-    """With T <= 2W every query's block and the one before it hold all its keys: plain causal attention."""
-    x, y = tokens()
-    lm = build("alibi", backend)
-    assert torch.equal(nll(lm, SEQ // 2, x, y), nll(lm, None, x, y))
-    assert not torch.equal(nll(lm, SEQ // 2 - 1, x, y), nll(lm, None, x, y))
-
-
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_query_blocks_keep_the_attention_blocks(backend, build, monkeypatch):
-    """Past MASK_BUDGET the queries go 7 at a time, each group with only the keys its blocks reach."""
-    x, y = tokens()
-    full = nll(build("rope", backend), BLOCK, x, y)
-    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * 4 * SEQ * 7)  # 4 heads
-    lm = build("rope", backend)
-    with lm.attention.evaluated_as(blockwise=BLOCK):
-        assert lm.attention.plan(SEQ, x.device, False, 0.0).query_block == 7
-    torch.testing.assert_close(nll(lm, BLOCK, x, y), full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_flex_equals_eager_with_blocks(build):
-    x, y = tokens(300)
-    eager, flex = build("none", "eager"), build("none", "flex")
-    torch.testing.assert_close(nll(flex, 100, x, y), nll(eager, 100, x, y), atol=1e-5, rtol=1e-5)
-    assert not flex.attention.flex_broken
 
 
 def test_variant_names_the_block_size():

@@ -1,5 +1,5 @@
 """Attention sinks (``eval.sink=S``): beside a window or blocks, the sequence's first S keys stay visible
-to every query, in every backend."""
+to every query. (The backends' agreement: tests/test_attention_variants.py.)"""
 
 from __future__ import annotations
 
@@ -14,34 +14,15 @@ from posbench import attention as attention_mod
 from posbench.attention import causal_mask, reaching, reaching_block_mask
 from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
-from posbench.positional import ENCODINGS, build_encoding
+from posbench.positional import build_encoding
 from posbench.reevaluate import evaluate_checkpoint, register
 
-VOCAB, SEQ, WINDOW, SINK = 50, 40, 6, 3
+SEQ = 40
 
 
 def visible(i: int, j: int, window: int, sink: int) -> bool:
     """The definition: key j is not after query i, and among its last ``window`` keys or its first ``sink``."""
     return j <= i and (i - j < window or j < sink)
-
-
-@pytest.fixture
-def build(tiny_lm):
-    def _build(name: str, backend: str):
-        return tiny_lm(name, vocab=VOCAB, train_len=SEQ, attention=backend, encoding_noise=0.5).eval()
-
-    return _build
-
-
-def tokens(length: int = SEQ) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = torch.randint(0, VOCAB, (2, 2, length), generator=torch.Generator().manual_seed(1))
-    return x, y
-
-
-@torch.no_grad()
-def nll(lm, x, y, sink: int, window: int | None = WINDOW) -> torch.Tensor:
-    with lm.attention.evaluated_as(window=window, sink=sink):
-        return lm.token_nll(x, y)
 
 
 def test_the_mask_is_the_loop_definition():
@@ -81,42 +62,6 @@ def test_flex_block_mask_and_mask_mod_follow_the_definition():
                 needed[a, b] = truth[a * block : (a + 1) * block, b * block : (b + 1) * block].any()
         listed = reaching_block_mask(n, window, None, torch.device("cpu"), sink=sink).to_dense()[0, 0].bool()
         assert torch.equal(listed, needed), (window, sink)
-
-
-@pytest.mark.parametrize("name", list(ENCODINGS))
-def test_sdpa_equals_eager_with_sinks(name, build):
-    x, y = tokens()
-    eager = nll(build(name, "eager"), x, y, SINK)
-    torch.testing.assert_close(nll(build(name, "sdpa"), x, y, SINK), eager, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(eager, nll(build(name, "eager"), x, y, 0))  # the sinks did something
-
-
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_sinks_without_a_cut_change_nothing(backend, build):
-    """A window as long as the sequence hides no key, so there is nothing for a sink to keep."""
-    x, y = tokens()
-    lm = build("alibi", backend)
-    assert torch.equal(nll(lm, x, y, SINK, window=SEQ), nll(lm, x, y, 0, window=None))
-
-
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
-def test_query_blocks_keep_the_sinks(backend, build, monkeypatch):
-    """Past MASK_BUDGET the queries go 7 at a time, each group with the sinks and the keys its window reaches."""
-    x, y = tokens()
-    full = nll(build("rope", backend), x, y, SINK)
-    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * 4 * SEQ * 7)  # 4 heads
-    lm = build("rope", backend)
-    with lm.attention.evaluated_as(window=WINDOW, sink=SINK):
-        assert lm.attention.plan(SEQ, x.device, False, 0.0).query_block == 7
-    torch.testing.assert_close(nll(lm, x, y, SINK), full, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_flex_equals_eager_with_sinks(build):
-    x, y = tokens(300)
-    eager, flex = build("alibi", "eager"), build("alibi", "flex")
-    torch.testing.assert_close(nll(flex, x, y, 130, 40), nll(eager, x, y, 130, 40), atol=1e-5, rtol=1e-5)
-    assert not flex.attention.flex_broken
 
 
 def test_variant_names_the_sinks():
