@@ -17,8 +17,9 @@ VARIANTS = {
     "window and sinks": dict(window=6, sink=3),
     "blocks and sinks": dict(blockwise=6, sink=3),
 }
-#: At SEQ tokens, each kind once hiding no key and once hiding one (a sink keeps the keys before it).
-NO_CUT = {"blocks": dict(blockwise=SEQ // 2), "window and sinks": dict(window=SEQ, sink=3)}
+#: At SEQ tokens, each kind once hiding no key and once hiding one: blocks of half the sequence hold every
+#: key a query has; a window of SEQ - 3 hides keys 0..2 from the last queries, which 3 sinks give back.
+NO_CUT = {"blocks": dict(blockwise=SEQ // 2), "window and sinks": dict(window=SEQ - 3, sink=3)}
 ONE_CUT = {"blocks": dict(blockwise=SEQ // 2 - 1), "window and sinks": dict(window=SEQ - 4, sink=3)}
 #: 300 tokens in flex's 128-token blocks: blocks across two of them, sinks reaching into the second.
 LONG = {"blocks": dict(blockwise=100), "window and sinks": dict(window=40, sink=130)}
@@ -55,8 +56,8 @@ def test_sdpa_equals_eager(name, kind, build):
 @pytest.mark.parametrize("kind", list(NO_CUT))
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_a_variant_that_hides_no_key_changes_nothing(backend, kind, build):
-    """Blocks of half the sequence: every query's block and the one before hold all its keys. A window as long
-    as the sequence: nothing for a sink to keep. One key hidden more, and the numbers change."""
+    """A variant whose cut hides no key (NO_CUT) is plain causal attention; one key hidden more, and the
+    numbers change."""
     x, y = tokens()
     lm = build("alibi", backend)
     assert torch.equal(nll(lm, x, y, **NO_CUT[kind]), nll(lm, x, y))
