@@ -1,5 +1,5 @@
 """Shared fixtures: the WikiText-2 slice shipped with posbench, composed configs, the CLI in a subprocess,
-unwritable folders."""
+a closed pipe, unwritable folders."""
 
 from __future__ import annotations
 
@@ -86,6 +86,22 @@ def _assert_one_line(done: subprocess.CompletedProcess, *fragments: str) -> str:
 def assert_one_line():
     """assert_one_line(done, *fragments): exit code 2, no traceback, one ``posbench: error:`` line holding them."""
     return _assert_one_line
+
+
+@pytest.fixture
+def into_closed_pipe():
+    """into_closed_pipe(command) -> its CompletedProcess, stdout a pipe whose reader has gone (as after
+    ``| head`` has read its lines): a script should end as cat does, by SIGPIPE, with nothing on stderr."""
+
+    def _run(command: list) -> subprocess.CompletedProcess:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            return subprocess.run([str(c) for c in command], stdout=write_end, stderr=subprocess.PIPE, text=True)
+        finally:
+            os.close(write_end)
+
+    return _run
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """scripts/attention_by_length.py: the attention anatomy by eval_len, checked on hand-made attention_stats.csv."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,8 @@ def test_another_statistic_is_chosen_by_stat(tmp_path):
 def test_a_folder_without_attention_stats_is_one_error_line(tmp_path):
     done = run_script(tmp_path)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("attention_by_length.py: error:")
+
+
+def test_a_closed_pipe_ends_it_quietly(tmp_path, into_closed_pipe):
+    done = into_closed_pipe([sys.executable, SCRIPT, write_run(tmp_path / "run", "rope", 4, [(4, 3.0)])])
+    assert done.returncode == -signal.SIGPIPE and done.stderr == ""

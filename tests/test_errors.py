@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import errno
 import math
+import os
 import resource
 import signal
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +21,7 @@ import torch
 from posbench.cli import validate_overrides
 from posbench.config import check_config
 from posbench.data import DataConfig, build_corpus, load_corpus
-from posbench.errors import PosbenchError, describe, one_line_errors
+from posbench.errors import PosbenchError, ReaderlessStream, describe, one_line_errors
 from posbench.evaluate import evaluate_lengths
 from posbench.io import ERROR_FILE, write_csv
 from posbench.model import LanguageModel
@@ -359,3 +361,24 @@ def test_cli_eval_on_a_malformed_results_csv_is_one_line_and_merges_nothing(
 
     assert_one_line(done, str(run_dir / "results.csv"), "move it aside")
     assert (run_dir / "per_position.csv").read_bytes() == per_position  # nothing merged before the failure
+
+
+def test_a_stream_whose_reader_has_gone_takes_writes_without_raising():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    raw = os.fdopen(write_end, "w")
+    with pytest.raises(BrokenPipeError):  # what logging would print a traceback for, line after line
+        raw.write("x" * 100_000)
+    stream = ReaderlessStream(raw)
+    assert stream.write("line\n") == 5
+    stream.flush()
+    assert stream.write("more\n") == 5 and stream.fileno() == write_end
+    stream.close()
+
+
+def test_cli_eval_piped_into_a_reader_that_has_gone_runs_to_its_end(tmp_path, saved_run, into_closed_pipe):
+    """`posbench eval … | head`: its log lines go to a closed pipe; the job still writes all its rows."""
+    run = saved_run(tmp_path / "run")
+    done = into_closed_pipe([sys.executable, "-m", "posbench", "eval", f"checkpoint={run}", "eval_lens=[32,64]"])
+    assert done.returncode == 0 and "Traceback" not in done.stderr and "Logging error" not in done.stderr
+    assert sorted(pd.read_csv(run / "results.csv")["eval_len"].unique()) == [32, 64]

@@ -1,5 +1,6 @@
 """scripts/loss_by_position.py: the excess loss by window position, checked on hand-made per_position.csv."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,9 @@ def test_a_variant_is_read_against_the_run_as_trained(tmp_path):
     ]
     done = subprocess.run(args, capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[2] == "| rope | 4 | 0 | 5.000 |  | +94.000 |"  # window4's one row: 99 − 5
+
+
+def test_a_closed_pipe_ends_it_quietly(tmp_path, into_closed_pipe):
+    short = write_run(tmp_path / "short", 4, [(4, 0, 5.0, 1)])
+    done = into_closed_pipe([sys.executable, SCRIPT, short, "--eval-len", "8"])
+    assert done.returncode == -signal.SIGPIPE and done.stderr == ""

@@ -1,5 +1,6 @@
 """scripts/results_table.py: the docs' tables from a report folder's CSVs, checked on a hand-made report."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +107,8 @@ def test_mixed_training_lengths_stay_in_one_cell(tmp_path):
     heading, _, row = done.stdout.splitlines()
     assert "trained at" in heading and r"| 64\|128\|256 |" in row
     assert row.replace(r"\|", "").count("|") == heading.count("|")
+
+
+def test_a_closed_pipe_ends_it_quietly(tmp_path, into_closed_pipe):
+    done = into_closed_pipe([sys.executable, SCRIPT, write_report(tmp_path)])
+    assert done.returncode == -signal.SIGPIPE and done.stderr == ""

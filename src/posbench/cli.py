@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import sweep
-from .errors import PosbenchError, fail, one_line_errors
+from .errors import PosbenchError, fail, one_line_errors, outlive_closed_pipes
 
 USAGE = """usage: python -m posbench [-m] COMMAND [ARGS...]
 
@@ -215,6 +215,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    outlive_closed_pipes()
     argv = list(sys.argv[1:] if argv is None else argv)
     position = next((i for i, a in enumerate(argv) if a in COMMANDS), None)
     if position is None:

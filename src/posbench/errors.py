@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,41 @@ class Interrupted(PosbenchError):
 
 class RunFolderBusy(PosbenchError):
     """Another process writes to the run folder: its error.txt is that process's, not to be touched."""
+
+
+class ReaderlessStream:
+    """sys.stdout or sys.stderr for a job whose reader may go first (``posbench train … | head``): once the
+    pipe is closed, writing goes to /dev/null instead of raising, so the job runs to its end and its log file
+    keeps every line, rather than printing a traceback for each log line (logging's handleError)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self._despite_no_reader(self.stream.write, text)
+
+    def flush(self) -> None:
+        self._despite_no_reader(self.stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+    def _despite_no_reader(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())  # what is still buffered, and all that follows, goes there
+            os.close(devnull)
+            return call(*args)
+
+
+def outlive_closed_pipes() -> None:
+    """Install ReaderlessStream on stdout and stderr (once: main may be called again in one process)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, ReaderlessStream):
+            setattr(sys, name, ReaderlessStream(stream))
 
 
 def fail(message: str) -> int:
