@@ -104,7 +104,17 @@ def check_launcher(launcher) -> None:
 
 
 def run_hydra(config_name: str, task: Callable, args: list[str], check: Callable | None = None) -> int:
-    """Validate the overrides, then hand ``args`` to a ``@hydra.main`` function running ``task(cfg, run_dir)``."""
+    """Validate the overrides, then hand ``args`` to a ``@hydra.main`` function running ``task(cfg, run_dir)``;
+    under torchrun, leave the process group at the end, whatever happened."""
+    from .distributed import teardown
+
+    try:
+        return _run_hydra(config_name, task, args, check)
+    finally:
+        teardown()
+
+
+def _run_hydra(config_name: str, task: Callable, args: list[str], check: Callable | None) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

@@ -91,6 +91,13 @@ def setup() -> World:
     return world
 
 
+def teardown() -> None:
+    """Leave the process group while the interpreter is whole: left to finalization, gloo's threads can
+    abort the process (SIGABRT) after its work is done, and torchrun would report the run as failed."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def broadcast(value, world: World):
     """Rank 0's ``value`` on every rank (any picklable object)."""
     if world.size == 1:
