@@ -90,8 +90,8 @@ def assert_one_line():
 
 @pytest.fixture
 def into_closed_pipe():
-    """into_closed_pipe(command) -> its CompletedProcess, stdout a pipe whose reader has gone (as after
-    ``| head`` has read its lines): a script should end as cat does, by SIGPIPE, with nothing on stderr."""
+    """into_closed_pipe(command) -> its CompletedProcess, run with stdout a pipe whose reader has gone (as
+    after ``| head`` has read its lines) and stderr captured."""
 
     def _run(command: list) -> subprocess.CompletedProcess:
         read_end, write_end = os.pipe()

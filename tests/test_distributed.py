@@ -85,7 +85,7 @@ def ddp_step(rank: int, size: int, init_file: str, out: str) -> None:
     local.backward()
     torch.save({"local": local.item(), "mean": world.mean(local), "grad": model.logits.weight.grad}, f"{out}/{rank}.pt")
     del loss_fn  # DDP's reducer goes before its process group: the other order can abort the process
-    gc.collect()  # ... and it sits in reference cycles, which `del` alone leaves to finalization
+    gc.collect()  # ... and so does any reference cycle holding it, now rather than at finalization
     dist.barrier()
     teardown()
     os._exit(0)  # the work is saved: skip finalization, where gloo's threads still aborted a run now and then
