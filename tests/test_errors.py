@@ -248,6 +248,29 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
     assert fragment in config_error(override)
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.lr=-1", "train.lr must be a positive number, got -1.0"),
+        ("train.lr=0", "train.lr must be a positive number, got 0.0"),
+        ("train.lr=inf", "train.lr must be a positive number, got inf"),
+        ("train.lr=nan", "train.lr must be a positive number, got nan"),
+        ("train.min_lr_ratio=-0.1", "train.min_lr_ratio must be in [0, 1], got -0.1"),
+        ("train.min_lr_ratio=2", "train.min_lr_ratio must be in [0, 1], got 2.0"),
+        ("train.warmup_steps=-1", "train.warmup_steps must be a non-negative integer, got -1"),
+        ("train.weight_decay=-0.1", "train.weight_decay must be a non-negative number, got -0.1"),
+        ("train.grad_clip=0", "train.grad_clip must be a positive number, got 0.0"),
+        ("train.loss_spike_ratio=1", "train.loss_spike_ratio must be a number above 1, got 1.0"),
+        ("train.grad_spike_ratio=nan", "train.grad_spike_ratio must be a number above 1, got nan"),
+        ("train.val_tokens=0", "train.val_tokens must be a positive integer or null, got 0"),
+        ("train.val_tokens=-512", "train.val_tokens must be a positive integer or null, got -512"),
+        ("seed=-3", "seed must be an integer in [0, 2**64), got -3"),
+    ],
+)
+def test_training_numbers_that_would_train_wrongly_or_fail_later_stop_at_start_up(override, message):
+    assert config_error(override) == message
+
+
 def test_cuda_asked_for_where_there_is_none(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "cuda" in config_error("device=cuda").lower()

@@ -230,11 +230,33 @@ def check_train_lengths(cfg) -> None:
         )
 
 
+def check_optimizer(t) -> None:
+    """The schedule, weight decay, clipping and spike flags: a negative, zero, NaN or infinite value would
+    train wrongly (a negative final lr climbs the loss) or fail once training starts, so it stops here."""
+    rules = [
+        ("lr", t.lr > 0, "a positive number"),
+        ("min_lr_ratio", 0 <= t.min_lr_ratio <= 1, "in [0, 1]"),
+        ("warmup_steps", t.warmup_steps >= 0, "a non-negative integer"),
+        ("weight_decay", t.weight_decay >= 0, "a non-negative number"),
+        ("grad_clip", t.grad_clip > 0, "a positive number"),
+        ("loss_spike_ratio", t.loss_spike_ratio > 1, "a number above 1"),
+        ("grad_spike_ratio", t.grad_spike_ratio > 1, "a number above 1"),
+    ]
+    for key, ok, what in rules:
+        if not (ok and math.isfinite(t[key])):
+            raise PosbenchError(f"train.{key} must be {what}, got {t[key]}")
+
+
 def check_train(cfg) -> None:
     t = cfg.train
     for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
         if t[key] < 1:
             raise PosbenchError(f"train.{key} must be a positive integer, got {t[key]}")
+    if t.val_tokens is not None and t.val_tokens < 1:  # a slice [:0] or [:-n] would validate on the wrong tokens
+        raise PosbenchError(f"train.val_tokens must be a positive integer or null, got {t.val_tokens}")
+    if not 0 <= cfg.seed < 2**64:  # numpy's generators take no negative seed, torch none past 64 bits
+        raise PosbenchError(f"seed must be an integer in [0, 2**64), got {cfg.seed}")
+    check_optimizer(t)
     if t.patience is not None and t.patience < 1:
         raise PosbenchError(f"train.patience must be a positive number of validation checks or null, got {t.patience}")
     if not 0 <= t.copy_fraction <= 1:
