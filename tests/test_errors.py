@@ -265,9 +265,10 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
         ("train.val_tokens=0", "train.val_tokens must be a positive integer or null, got 0"),
         ("train.val_tokens=-512", "train.val_tokens must be a positive integer or null, got -512"),
         ("seed=-3", "seed must be an integer in [0, 2**64), got -3"),
+        ("probe.seed=-1", "probe.seed=-1 must be a non-negative integer"),  # else the probes fail after training
     ],
 )
-def test_training_numbers_that_would_train_wrongly_or_fail_later_stop_at_start_up(override, message):
+def test_numbers_that_would_train_wrongly_or_fail_later_stop_at_start_up(override, message):
     assert config_error(override) == message
 
 

@@ -21,6 +21,8 @@ class ProbeConfig(CopyProbeConfig, ContextProbeConfig):
     def __post_init__(self):
         ContextProbeConfig.__post_init__(self)
         CopyProbeConfig.__post_init__(self)
+        if self.seed < 0:  # numpy's generators refuse it, after a whole training run
+            raise ValueError(f"probe.seed={self.seed} must be a non-negative integer")
 
 
 def probe_config(probe) -> ProbeConfig:
