@@ -88,6 +88,8 @@ def test_unknown_probe_and_bad_options_are_refused_naming_the_key(tmp_path, save
         check_probe_command(compose_config("probe", [f"checkpoint={run}", "probes=[contxt]"]))
     with pytest.raises(PosbenchError, match="probe.trials=0 must be at least 1"):
         check_probe_command(compose_config("probe", [f"checkpoint={run}", "probe.trials=0"]))
+    with pytest.raises(PosbenchError, match=r"probes=\[\] names no probe for posbench probe to run"):
+        check_probe_command(compose_config("probe", [f"checkpoint={run}", "probes=[]"]))
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from typing import List
 
 from omegaconf import DictConfig
 
+from .errors import PosbenchError
 from .io import lock_run_dir
 from .probes.config import PROBES, ProbeConfig, check_probes
 from .probes.suite import run_probes
@@ -33,6 +34,8 @@ def register_probe() -> None:
 def check_probe_command(cfg: DictConfig) -> None:
     """What can be checked before loading anything: the checkpoint, ``eval.*``, the probes and ``probe.*``."""
     check_command(cfg)
+    if not cfg.probes:  # for train, probes=[] skips the probes; here it would make a command that does nothing
+        raise PosbenchError("probes=[] names no probe for posbench probe to run; leave it out for all of them")
     check_probes(cfg.probes, cfg.probe)
 
 
