@@ -271,6 +271,18 @@ def test_eval_on_an_interrupted_run_neither_finishes_it_nor_writes_while_it_is_l
     assert not (tmp_path / RESUME_CHECKPOINT).exists()
 
 
+def test_a_valid_split_shorter_than_one_window_is_said_once(small_config, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="posbench.train")
+    train(small_config("train.steps=4", "train.val_tokens=16", "eval_lens=[32]"), tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if "valid split" in r.getMessage()]
+    assert warnings == [
+        "the valid split has 15 targets (train.val_tokens=16), fewer than one window of train_len=32: "
+        "validation (the best checkpoint, patience) scores them in one shorter window"
+    ]
+    train(small_config("train.steps=4", "train.val_tokens=33", "eval_lens=[32]"), tmp_path / "enough")
+    assert len([r for r in caplog.records if "valid split" in r.getMessage()]) == 1  # 32 targets: one window
+
+
 @pytest.mark.slow
 def test_resume_false_starts_afresh_without_the_old_runs_rows(small_config, tmp_path):
     train(small_config(), tmp_path)
