@@ -11,9 +11,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 
 from posbench import train as train_module
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
@@ -271,16 +273,18 @@ def test_eval_on_an_interrupted_run_neither_finishes_it_nor_writes_while_it_is_l
     assert not (tmp_path / RESUME_CHECKPOINT).exists()
 
 
-def test_a_valid_split_shorter_than_one_window_is_said_once(small_config, tmp_path, caplog):
+def test_a_valid_split_shorter_than_one_window_is_said(small_config, caplog):
+    """train_len 32: 16 validation tokens (15 targets) are one shorter window; 33 tokens fill one window.
+    (The train split's rule, from the same check: tests/test_train_lengths.py.)"""
     caplog.set_level(logging.WARNING, logger="posbench.train")
-    train(small_config("train.steps=4", "train.val_tokens=16", "eval_lens=[32]"), tmp_path)
-    warnings = [r.getMessage() for r in caplog.records if "valid split" in r.getMessage()]
-    assert warnings == [
+    corpus = SimpleNamespace(splits={"train": torch.zeros(1000), "valid": torch.zeros(100)})
+    train_module.check_splits(corpus, small_config("train.val_tokens=16"))
+    assert [r.getMessage() for r in caplog.records] == [
         "the valid split has 15 targets (train.val_tokens=16), fewer than one window of train_len=32: "
         "validation (the best checkpoint, patience) scores them in one shorter window"
     ]
-    train(small_config("train.steps=4", "train.val_tokens=33", "eval_lens=[32]"), tmp_path / "enough")
-    assert len([r for r in caplog.records if "valid split" in r.getMessage()]) == 1  # 32 targets: one window
+    train_module.check_splits(corpus, small_config("train.val_tokens=33"))
+    assert len(caplog.records) == 1
 
 
 @pytest.mark.slow
