@@ -3,7 +3,9 @@
 import pandas as pd
 import pytest
 
-from posbench.cli import main
+from posbench.cli import main, report_options
+from posbench.errors import PosbenchError
+from posbench.report import Selection
 
 
 def test_help_lists_the_commands(capsys):
@@ -16,6 +18,28 @@ def test_unknown_command_is_one_line(capsys):
     assert main(["trian"]) == 2
     err = capsys.readouterr().err.strip()
     assert "unknown command 'trian'" in err and "\n" not in err
+
+
+def test_report_options_are_key_value_words_in_any_order():
+    assert report_options([]) == (None, Selection())
+    words = ["modes=nonoverlapping", "compare=alibi", "variants=window256,yarn×4"]
+    assert report_options(words) == ("alibi", Selection(variants=("window256", "yarn×4"), modes=("nonoverlapping",)))
+    assert report_options(["variants="]) == (None, Selection(variants=()))  # the models as trained only
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["against=rope"], "report takes DIR and compare=ENCODING, variants=LIST, modes=LIST, not 'against=rope'"),
+        (["compare="], "report takes DIR and compare=ENCODING, variants=LIST, modes=LIST, not 'compare='"),
+        (["modes="], "report takes DIR and compare=ENCODING, variants=LIST, modes=LIST, not 'modes='"),
+        (["variants=a", "variants=b"], "report: variants= given twice"),
+    ],
+)
+def test_report_options_refuse_what_they_do_not_know(words, message):
+    with pytest.raises(PosbenchError) as caught:
+        report_options(words)
+    assert str(caught.value) == message
 
 
 def test_train_help_shows_config_groups(posbench):

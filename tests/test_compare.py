@@ -185,4 +185,5 @@ def test_report_compare_end_to_end(tmp_path, saved_run, compose_config, capsys):
             main(["report", str(tmp_path), wrong])
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors[0].startswith("posbench: error: compare=t5: no run of encoding t5") and len(errors) == 2
-    assert errors[1] == "posbench: error: report takes DIR and compare=ENCODING, not 'against=rope'"
+    words = "compare=ENCODING, variants=LIST, modes=LIST"
+    assert errors[1] == f"posbench: error: report takes DIR and {words}, not 'against=rope'"

@@ -8,9 +8,10 @@ import pytest
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
+from posbench.errors import PosbenchError
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS, variant_of
 from posbench.positional import ENCODINGS
-from posbench.report import REPORT_DIR, collect_runs, report
+from posbench.report import REPORT_DIR, Selection, collect_runs, report
 from posbench.report.collect import RESULTS, RUN_CSVS
 from posbench.report.figures import (
     ENCODING_COLOURS,
@@ -201,3 +202,32 @@ def test_cells_group_thousands_and_write_a_typographic_minus():
     assert change(190.0, 200.0) == " (−5.0%)"  # U+2212, not a hyphen
     assert change(4000.0, 200.0) == " (+1,900.0%)"
     assert signed(-0.00004, 3) == "+0.000"  # rounds to zero: no minus
+
+
+def test_a_selection_keeps_the_variants_and_modes_named_in_every_file(sweep):
+    """`report DIR variants=window4 modes=nonoverlapping`: the models as trained, their window rows, no others."""
+    write_run(sweep / "4_alibi_window", "alibi", 0, variant="window4")
+    write_run(sweep / "5_alibi_yarn", "alibi", 0, variant="yarn×4")
+    write_run(sweep / "6_alibi_sliding", "alibi", 0, eval_mode="sliding")
+    randomized = variant_of({"name": "alibi", "randomized_positions": 64})
+    write_run(sweep / "7_randpos", "alibi", 1, variant=randomized)  # how it was trained: kept
+    write_run(sweep / "8_randpos_yarn", "alibi", 1, variant=f"{randomized}+yarn×4")
+    out = report(sweep, selection=Selection(variants=("window4",), modes=("nonoverlapping",)))
+    for name in ("results.csv", "summary.csv"):
+        table = pd.read_csv(out / name, keep_default_na=False)
+        assert set(table["variant"]) == {"", "window4", "randpos64"} and set(table["eval_mode"]) == {"nonoverlapping"}
+    runs = pd.read_csv(out / "results.csv")["run_dir"].map(lambda d: d.rsplit("/", 1)[-1])
+    assert set(runs) == {"0_alibi_0", "1_alibi_1", "2_learned_0", "3_learned_1", "4_alibi_window", "7_randpos"}
+    positions = collect_runs(sweep, Selection(variants=(), modes=("nonoverlapping",))).rows(PER_POSITION)
+    assert set(positions["variant"].fillna("")) == {"", "randpos64"}  # variants=: the models as trained only
+    assert len(pd.read_csv(report(sweep) / "results.csv")) == 12 + 5 * 3  # no selection: every row
+
+
+def test_a_selection_names_only_what_was_measured(sweep):
+    write_run(sweep / "4_alibi_window", "alibi", 0, variant="window4")
+    with pytest.raises(PosbenchError, match=r"^variants=windw4: no run below has it; its variants: window4$"):
+        report(sweep, selection=Selection(variants=("window4", "windw4")))
+    with pytest.raises(PosbenchError, match=r"^modes=slide: no such eval mode; the modes are nonoverlapping, sliding$"):
+        Selection(modes=("slide",))
+    with pytest.raises(PosbenchError, match=r"^no results under .* that modes=sliding keeps$"):
+        report(sweep, selection=Selection(modes=("sliding",)))

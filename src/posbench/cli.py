@@ -31,7 +31,8 @@ commands:
            (the default: all four; README, "Probes"), probe.targets=N probe.trials=N eval.window=W
   report   DIR: tables (summary.md, summary.csv: mean ± std over seeds) and figures (ppl_vs_length,
            per_position_loss, training_curves; PNG and SVG) from every run below DIR;
-           DIR compare=ENCODING adds compare.csv: NLL differences against ENCODING with bootstrap CIs
+           DIR compare=ENCODING adds compare.csv: NLL differences against ENCODING with bootstrap CIs;
+           variants=LIST and modes=LIST keep only those evaluations (e.g. variants=window256 modes=nonoverlapping)
   bench    speed and memory of every encoding x attention backend (bench.csv, bench.md)
 
 Run `python -m posbench COMMAND --help` for a command's options.
@@ -184,28 +185,41 @@ def cmd_report(args: list[str]) -> int:
     )
     parser.add_argument("dir", help="a run or multirun folder, searched recursively for results.csv")
     parser.add_argument(
-        "compare",
-        nargs="?",
-        metavar="compare=ENCODING",
-        help="compare every model with ENCODING: NLL differences on the same articles, bootstrap CIs",
+        "options",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="compare=ENCODING: NLL differences against ENCODING on the same articles, bootstrap CIs; "
+        "variants=V1,V2: keep only these evaluation-time variants beside the models as trained "
+        "(variants= keeps none); modes=M1,M2: keep only these eval modes (nonoverlapping, sliding)",
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     ns = parser.parse_args(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with one_line_errors(ns.debug):
-        out = report(ns.dir, compare=compare_option(ns.compare))
+        compare, selection = report_options(ns.options)
+        out = report(ns.dir, compare=compare, selection=selection)
     print(f"report written to {out}")
     return 0
 
 
-def compare_option(word: str | None) -> str | None:
-    """The ENCODING of the ``compare=ENCODING`` word after ``report DIR`` (None without one)."""
-    if word is None:
-        return None
-    key, _, encoding = word.partition("=")
-    if key != "compare" or not encoding:
-        raise PosbenchError(f"report takes DIR and compare=ENCODING, not {word!r}")
-    return encoding
+REPORT_OPTIONS = ("compare=ENCODING", "variants=LIST", "modes=LIST")
+
+
+def report_options(words: list[str]):
+    """The ``compare`` encoding (None without one) and the ``Selection`` of the KEY=VALUE words after
+    ``report DIR``; each key once."""
+    from .report import Selection
+
+    given = {}
+    for word in words:
+        key, equals, value = word.partition("=")
+        if key not in ("compare", "variants", "modes") or not equals or not (value or key == "variants"):
+            raise PosbenchError(f"report takes DIR and {', '.join(REPORT_OPTIONS)}, not {word!r}")
+        if key in given:
+            raise PosbenchError(f"report: {key}= given twice")
+        given[key] = value
+    lists = {key: tuple(v for v in given[key].split(",") if v) for key in ("variants", "modes") if key in given}
+    return given.get("compare"), Selection(**lists)
 
 
 def cmd_bench(args: list[str]) -> int:

@@ -4,7 +4,8 @@ Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row
 (mean and std over seeds), summary.md, and ppl_vs_length, per_position_loss and training_curves
 as PNG and SVG; where runs have probe CSVs, probes.csv (derived numbers per run), their tables in
 summary.md and their figures; with ``compare=ENCODING``, compare.csv (paired differences in NLL against that
-encoding, with bootstrap CIs) and its tables in summary.md. ``collect`` reads, ``tables``, ``probes`` and
+encoding, with bootstrap CIs) and its tables in summary.md; a ``Selection`` (``variants=``, ``modes=``)
+keeps some evaluations only, in every file. ``collect`` reads, ``tables``, ``probes`` and
 ``compare`` compute, ``figures`` and ``probe_figures`` draw.
 """
 
@@ -21,26 +22,26 @@ from ..errors import PosbenchError
 from ..evaluate import PER_ARTICLE
 from ..io import write_csv, write_text
 from ..probes.suite import IDENTITY
-from .collect import BUILDING_PREFIX, REPORT_DIR, RESULTS, Runs, collect_results, collect_runs
+from .collect import BUILDING_PREFIX, KEEP_ALL, REPORT_DIR, RESULTS, Runs, Selection, collect_results, collect_runs
 from .compare import compare_markdown, compare_runs
 from .figures import draw_figures, encoding_colours
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
 from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
 
-__all__ = ["REPORT_DIR", "Runs", "collect_results", "collect_runs", "report"]
+__all__ = ["REPORT_DIR", "Runs", "Selection", "collect_results", "collect_runs", "report"]
 
 
-def report(root: Path, compare: str | None = None) -> Path:
+def report(root: Path, compare: str | None = None, selection: Selection = KEEP_ALL) -> Path:
     """Write DIR/report/: results.csv (every row), summary.csv (mean, std per point), summary.md, figures;
-    compare.csv with ``compare`` (the reference encoding).
+    compare.csv with ``compare`` (the reference encoding); of the evaluations ``selection`` keeps.
 
     All or nothing: the files are built beside DIR/report and replace it only once all are written.
     """
     root = Path(root)
     if not root.is_dir():
         raise PosbenchError(f"{root} is not a folder")
-    runs = collect_runs(root)
+    runs = collect_runs(root, selection)
     results = normalise(runs.rows(RESULTS))
     summary = aggregate(results)
     probes = probe_numbers(runs.reported)

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..config import EVAL_MODES
 from ..errors import PosbenchError
-from ..evaluate import PER_ARTICLE, PER_POSITION
+from ..evaluate import PER_ARTICLE, PER_POSITION, variant_parts
 from ..io import ERROR_FILE
 from ..probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
 
@@ -102,21 +103,76 @@ class Runs:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def collect_runs(root: Path) -> Runs:
-    """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded)."""
-    reported, left_out = [], {}
+@dataclass(frozen=True)
+class Selection:
+    """Which evaluations a report keeps (``report DIR variants=... modes=...``); None keeps every one.
+
+    ``variants``: the evaluation-time variants kept beside the models as trained (``window256``; a
+    variant's training part, ``randpos8192``, is how a model was trained and always kept). ``modes``:
+    the eval modes kept (``nonoverlapping``, ``sliding``).
+    """
+
+    variants: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        unknown = sorted(set(self.modes or ()) - set(EVAL_MODES))
+        if unknown:
+            raise PosbenchError(f"modes={','.join(unknown)}: no such eval mode; the modes are {', '.join(EVAL_MODES)}")
+
+    def __str__(self) -> str:
+        chosen = (("variants", self.variants), ("modes", self.modes))
+        return " ".join(f"{key}={','.join(value)}" for key, value in chosen if value is not None)
+
+    def keep(self, table: pd.DataFrame) -> pd.Series:
+        """The rows of a run's CSV that this selection keeps (every row of a table without the columns)."""
+        kept = pd.Series(True, index=table.index)
+        if self.variants is not None and "variant" in table:
+            at_evaluation = table["variant"].astype("string").fillna("").map(lambda v: variant_parts(v)[1])
+            kept &= (at_evaluation == "") | at_evaluation.isin(self.variants)
+        if self.modes is not None and "eval_mode" in table:
+            kept &= table["eval_mode"].isin(self.modes)
+        return kept
+
+    def apply(self, run: Run) -> Run | None:
+        """``run`` with the rows this selection keeps; None where none of its results.csv rows is kept."""
+        tables = {name: table[self.keep(table)].reset_index(drop=True) for name, table in run.tables.items()}
+        return Run(run.folder, tables) if len(tables[RESULTS]) else None
+
+    def check_found(self, runs: list[Run]) -> None:
+        """Every variant named was measured somewhere: a misspelt one fails instead of leaving an empty line."""
+        variants = (run.tables[RESULTS].get("variant", pd.Series(dtype=object)).dropna() for run in runs)
+        found = {variant_parts(str(v))[1] for column in variants for v in column}
+        missing = sorted(set(self.variants or ()) - found)
+        if missing:
+            there = ", ".join(sorted(found - {""})) or "none"
+            raise PosbenchError(f"variants={','.join(missing)}: no run below has it; its variants: {there}")
+
+
+#: The selection of a report without ``variants=`` or ``modes=``: every evaluation.
+KEEP_ALL = Selection()
+
+
+def collect_runs(root: Path, selection: Selection = KEEP_ALL) -> Runs:
+    """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded), the rows that
+    ``selection`` keeps; a run none of whose results it keeps is not reported."""
+    read, left_out = [], {}
     for folder in run_folders(root):
         run, problems = read_run(folder)
         if run is not None:
-            reported.append(run)
+            read.append(run)
         if problems:
             left_out[folder] = "; ".join(problems)
     for folder, reason in left_out.items():
         log.warning("leaving out %s: %s", folder, reason)
-    if not reported:
+    if not read:
         example = next(iter(left_out.items()), None)
         left = f"; {len(left_out)} run folder(s) left out, e.g. {example[0]}: {example[1]}" if example else ""
         raise PosbenchError(f"no finished runs under {root} (no readable results.csv){left}")
+    selection.check_found(read)
+    reported = [kept for run in read if (kept := selection.apply(run)) is not None]
+    if not reported:
+        raise PosbenchError(f"no results under {root} that {selection} keeps")
     return Runs(reported, left_out)
 
 
