@@ -225,7 +225,7 @@ def test_a_selection_keeps_the_variants_and_modes_named_in_every_file(sweep):
 
 def test_a_selection_names_only_what_was_measured(sweep):
     write_run(sweep / "4_alibi_window", "alibi", 0, variant="window4")
-    with pytest.raises(PosbenchError, match=r"^variants=windw4: no run below has it; its variants: window4$"):
+    with pytest.raises(PosbenchError, match=r"^variants=windw4: no run has it; the runs' variants: window4$"):
         report(sweep, selection=Selection(variants=("window4", "windw4")))
     with pytest.raises(PosbenchError, match=r"^modes=slide: no such eval mode; the modes are nonoverlapping, sliding$"):
         Selection(modes=("slide",))

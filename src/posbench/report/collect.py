@@ -146,7 +146,7 @@ class Selection:
         missing = sorted(set(self.variants or ()) - found)
         if missing:
             there = ", ".join(sorted(found - {""})) or "none"
-            raise PosbenchError(f"variants={','.join(missing)}: no run below has it; its variants: {there}")
+            raise PosbenchError(f"variants={','.join(missing)}: no run has it; the runs' variants: {there}")
 
 
 #: The selection of a report without ``variants=`` or ``modes=``: every evaluation.
