@@ -146,15 +146,16 @@ def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def check_splits(corpus, cfg: DictConfig) -> None:
+def check_splits(corpus, cfg: DictConfig, validates: bool = True) -> None:
     """A train split too short for one sequence stops the run; a valid split shorter than one window is
-    validated in one shorter window, which is said once, as the best checkpoint and patience rest on it."""
+    validated in one shorter window, which the rank that ``validates`` says once, as the best checkpoint
+    and patience rest on it."""
     t = cfg.train
     if len(corpus.splits["train"]) <= cfg.train_len + 1:
         longest = f"train.lengths={list(t.lengths)}" if t.lengths is not None else f"train_len={cfg.train_len}"
         raise PosbenchError(f"the train split has {len(corpus.splits['train'])} tokens, too few for {longest}")
     targets = len(corpus.splits["valid"][: t.val_tokens]) - 1
-    if targets < cfg.train_len:
+    if targets < cfg.train_len and validates:
         log.warning(
             "the valid split has %d targets (train.val_tokens=%s), fewer than one window of train_len=%d: "
             "validation (the best checkpoint, patience) scores them in one shorter window",
@@ -180,7 +181,7 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     optimizer = make_optimizer(model, t)
     scheduler = make_scheduler(optimizer, t)
     gen = torch.Generator().manual_seed(cfg.seed)
-    check_splits(corpus, cfg)
+    check_splits(corpus, cfg, validates=world.is_main)
     source = resume_source(cfg, run_dir)
     progress = Progress()
     if source:
