@@ -8,6 +8,7 @@ import pytest
 from matplotlib import colormaps
 from matplotlib.colors import to_hex
 
+from posbench.cli import main
 from posbench.errors import PosbenchError
 from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS, variant_of
 from posbench.positional import ENCODINGS
@@ -231,3 +232,11 @@ def test_a_selection_names_only_what_was_measured(sweep):
         Selection(modes=("slide",))
     with pytest.raises(PosbenchError, match=r"^no results under .* that modes=sliding keeps$"):
         report(sweep, selection=Selection(modes=("sliding",)))
+
+
+def test_the_command_line_hands_its_selection_to_the_report(sweep):
+    write_run(sweep / "4_alibi_sliding", "alibi", 0, eval_mode="sliding")
+    write_run(sweep / "5_alibi_yarn", "alibi", 0, variant="yarn×4")
+    assert main(["report", str(sweep), "variants=", "modes=sliding"]) == 0
+    results = pd.read_csv(sweep / REPORT_DIR / "results.csv", keep_default_na=False)
+    assert set(results["eval_mode"]) == {"sliding"} and set(results["variant"]) == {""} and len(results) == 3

@@ -171,6 +171,7 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     device = world.device(resolve_device(cfg.device))
     seed_everything(cfg.seed)
     corpus = load_corpus(cfg.data)
+    check_splits(corpus, cfg, validates=world.is_main)  # before building anything; it draws no random numbers
     precision, why = resolve_precision(cfg.precision, device)
     model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
     log.info(
@@ -181,7 +182,6 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     optimizer = make_optimizer(model, t)
     scheduler = make_scheduler(optimizer, t)
     gen = torch.Generator().manual_seed(cfg.seed)
-    check_splits(corpus, cfg, validates=world.is_main)
     source = resume_source(cfg, run_dir)
     progress = Progress()
     if source:
