@@ -8,10 +8,11 @@ import pytest
 
 from posbench.cli import main
 from posbench.errors import PosbenchError
-from posbench.evaluate import PER_ARTICLE, PER_ARTICLE_COLUMNS, RESULT_COLUMNS, variant_of
+from posbench.evaluate import variant_of
 from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.report import REPORT_DIR, report
 from posbench.report.compare import REPLICATES, compare_encodings
+from posbench.runfolder import PER_ARTICLE, PER_ARTICLE_COLUMNS, RESULT_COLUMNS
 
 MEASUREMENT = dict(variant="", train_len=16, precision="fp32", split="test", eval_mode="nonoverlapping")
 MEASUREMENT.update(stride=64, eval_len=64, train_lengths="16")

@@ -14,8 +14,9 @@ from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
 from posbench.config import check_config
 from posbench.errors import PosbenchError
 from posbench.reevaluate import evaluate_checkpoint, register
-from posbench.report.collect import RESULTS, TRAIN_LOG, Run
+from posbench.report.collect import Run
 from posbench.report.tables import training_curves
+from posbench.runfolder import RESULTS, TRAIN_LOG
 from posbench.train import train
 
 #: A smoke run validated at every step, up to 10 steps, evaluated briefly.

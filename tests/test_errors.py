@@ -23,9 +23,10 @@ from posbench.config import check_config
 from posbench.data import DataConfig, build_corpus, load_corpus
 from posbench.errors import PosbenchError, ReaderlessStream, describe, one_line_errors
 from posbench.evaluate import evaluate_lengths
-from posbench.io import ERROR_FILE, write_csv
+from posbench.io import write_csv
 from posbench.model import LanguageModel
 from posbench.report import collect_results, report
+from posbench.runfolder import ERROR_FILE, ModelState, errors_recorded
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -157,7 +158,7 @@ def test_eval_length_beyond_learned_positions_is_a_marked_row_not_an_error(compo
     words = " ".join(f"w{i % 50}" for i in range(400))
     corpus = build_corpus({"train": [words], "valid": [words], "test": [words]})
     model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
-    rows = evaluate_lengths(model, corpus, cfg, "cpu", tmp_path).set_index("eval_len")
+    rows = evaluate_lengths(model, corpus, cfg, "cpu", tmp_path, ModelState("run", 1, True)).set_index("eval_len")
     assert rows.loc[32, "status"] == "ok" and math.isfinite(rows.loc[32, "ppl"])
     assert rows.loc[64, "status"] == "unsupported" and pd.isna(rows.loc[64, "ppl"])
     assert "32 positions" in rows.loc[64, "reason"]
@@ -282,7 +283,7 @@ def test_cuda_asked_for_where_there_is_none(monkeypatch):
 
 def test_an_unexpected_exception_is_one_line_and_recorded(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        with one_line_errors(debug=False, run_dir=tmp_path):
+        with one_line_errors(debug=False), errors_recorded(tmp_path):
             raise ZeroDivisionError("float division by zero")
     assert exit_.value.code == 2
     line = capsys.readouterr().err.strip()
@@ -365,7 +366,7 @@ def test_a_split_shorter_than_the_window_is_too_short_not_ok(compose_config, tmp
     words = " ".join(f"w{i % 50}" for i in range(400))
     corpus = build_corpus({"train": [words], "valid": [words], "test": ["w1 w2 w3 w4 w5 " * 8]})
     model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len)
-    rows = evaluate_lengths(model, corpus, cfg, "cpu", tmp_path).set_index("eval_len")
+    rows = evaluate_lengths(model, corpus, cfg, "cpu", tmp_path, ModelState("run", 1, True)).set_index("eval_len")
     assert rows.loc[32, "status"] == "ok"  # 40 words and an <eos>: 40 targets, one window of 32
     assert rows.loc[64, "status"] == "too_short" and pd.isna(rows.loc[64, "ppl"])
     assert rows.loc[64, "reason"] == "the test split has 40 targets (eval.max_tokens=4096), fewer than one window of 64"

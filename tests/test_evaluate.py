@@ -13,8 +13,6 @@ from posbench.attention import Attention
 from posbench.config import Config
 from posbench.data import Corpus
 from posbench.evaluate import (
-    PER_POSITION,
-    merge_csv,
     per_position_rows,
     score_nonoverlapping,
     score_windows,
@@ -24,6 +22,7 @@ from posbench.evaluate import (
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import Dimensions
 from posbench.positional.nope import NoPE, NoPEConfig
+from posbench.runfolder import PER_POSITION, ModelState
 
 VOCAB = 23
 
@@ -122,7 +121,9 @@ def test_ppl_beyond_on_fixed_logits(tmp_path):
         OmegaConf.structured(Config),
         {"encoding": {"name": "none"}, "train_len": train_len, "eval_lens": [4, 8, 16], "eval": {"splits": ["test"]}},
     )
-    results = evaluate_lengths(FixedLogits(switch=train_len), corpus, cfg, "cpu", tmp_path).set_index("eval_len")
+    results = evaluate_lengths(
+        FixedLogits(switch=train_len), corpus, cfg, "cpu", tmp_path, ModelState("run", 1, True)
+    ).set_index("eval_len")
     # eval_len 4 = train_len: every target at p = 1/2, no ppl_beyond
     assert results.loc[4, "ppl"] == pytest.approx(2.0)
     assert pd.isna(results.loc[4, "ppl_beyond"])
@@ -147,20 +148,3 @@ def test_unigram_reference_by_hand():
     assert unigram_ppl(torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1]), vocab) == pytest.approx(1 / math.sqrt(1 / 8))
     # no <unk> in train: counted once, so p = 2/4, 1/4, 1/4 again
     assert unigram_ppl(torch.tensor([0, 0, 1]), torch.tensor([2]), vocab) == pytest.approx(4.0)
-
-
-def test_merge_csv_replaces_rows_with_the_same_keys(tmp_path):
-    path = tmp_path / "results.csv"
-    merge_csv(
-        pd.DataFrame({"split": ["test", "test"], "variant": ["", ""], "eval_len": [8, 16], "ppl": [1.0, 2.0]}),
-        path,
-        ["split", "variant", "eval_len"],
-    )
-    merged = merge_csv(
-        pd.DataFrame({"split": ["test", "test"], "variant": ["", "yarn×4"], "eval_len": [16, 16], "ppl": [3.0, 4.0]}),
-        path,
-        ["split", "variant", "eval_len"],
-    )
-    on_disk = pd.read_csv(path)
-    assert len(on_disk) == len(merged) == 3
-    assert sorted(on_disk["ppl"]) == [1.0, 3.0, 4.0]

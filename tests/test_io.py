@@ -13,7 +13,8 @@ import pytest
 
 from posbench import io
 from posbench.errors import PosbenchError, RunFolderBusy
-from posbench.io import LOCK_FILE, atomic_write, lock_run_dir, write_csv, write_text
+from posbench.io import atomic_write, write_csv, write_text
+from posbench.runfolder import LOCK_FILE, lock_run_dir
 
 
 def debris(folder) -> list[str]:
@@ -124,7 +125,7 @@ def test_the_lock_goes_with_a_killed_process(tmp_path):
 
 HOLD_LOCK = """
 import sys, time
-from posbench.io import lock_run_dir
+from posbench.runfolder import lock_run_dir
 with lock_run_dir(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)

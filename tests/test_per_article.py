@@ -11,7 +11,10 @@ from omegaconf import OmegaConf
 from posbench.config import Config
 from posbench.data import Corpus, DataConfig, build_corpus, load_corpus
 from posbench.errors import PosbenchError
-from posbench.evaluate import PER_ARTICLE, RESULTS, check_mergeable, evaluate_lengths
+from posbench.evaluate import evaluate_lengths
+from posbench.runfolder import PER_ARTICLE, RESULTS, ModelState, check_mergeable
+
+STATE = ModelState("run", 1, True)
 
 # token:        0      1-4              5-7      8-13                 14-17           18-23
 TEXT = [" ", " = First = ", " a b ", " = = Section = = ", " = Second = ", " = Not = a title "]
@@ -65,8 +68,8 @@ def test_per_article_sums_are_the_results_nll(tmp_path, tiny_lm):
     model = tiny_lm("alibi", vocab=corpus.vocab_size, train_len=16)
     results = pd.concat(
         [
-            evaluate_lengths(model, corpus, eval_config(), "cpu", tmp_path),
-            evaluate_lengths(model, corpus, eval_config(mode="sliding", stride=8), "cpu", tmp_path),
+            evaluate_lengths(model, corpus, eval_config(), "cpu", tmp_path, STATE),
+            evaluate_lengths(model, corpus, eval_config(mode="sliding", stride=8), "cpu", tmp_path, STATE),
         ]
     )
     articles = pd.read_csv(tmp_path / PER_ARTICLE, keep_default_na=False)
@@ -84,7 +87,7 @@ def test_each_target_counts_for_its_own_article(tmp_path, tiny_lm):
     """Against window-by-window scoring done here, targets grouped by the article of the target token."""
     corpus = corpus_with_articles()
     model = tiny_lm("alibi", vocab=corpus.vocab_size, train_len=16).eval()
-    evaluate_lengths(model, corpus, eval_config(), "cpu", tmp_path)
+    evaluate_lengths(model, corpus, eval_config(), "cpu", tmp_path, STATE)
     tokens, eval_len = corpus.splits["test"], 16
     expected = torch.zeros(7, dtype=torch.float64)
     for start in range(0, len(tokens) - 1, eval_len):
@@ -102,9 +105,9 @@ def test_each_target_counts_for_its_own_article(tmp_path, tiny_lm):
 def test_a_reevaluation_replaces_its_own_rows(tmp_path, tiny_lm):
     corpus = corpus_with_articles()
     model = tiny_lm("alibi", vocab=corpus.vocab_size, train_len=16)
-    evaluate_lengths(model, corpus, eval_config(), "cpu", tmp_path)
+    evaluate_lengths(model, corpus, eval_config(), "cpu", tmp_path, STATE)
     again = eval_config(max_tokens=int(corpus.article_starts["test"][3]) + 1)  # articles 0-3 now
-    evaluate_lengths(model, corpus, OmegaConf.merge(again, {"eval_lens": [16]}), "cpu", tmp_path)
+    evaluate_lengths(model, corpus, OmegaConf.merge(again, {"eval_lens": [16]}), "cpu", tmp_path, STATE)
     articles = pd.read_csv(tmp_path / PER_ARTICLE)
     assert sorted(articles[articles["eval_len"] == 16]["article"]) == [0, 1, 2, 3]  # no stale article 4-6
     assert sorted(articles[articles["eval_len"] == 32]["article"]) == list(range(7))  # kept

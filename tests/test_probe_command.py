@@ -6,8 +6,9 @@ import pytest
 from posbench.checkpoint import CHECKPOINT
 from posbench.errors import PosbenchError
 from posbench.probe import check_probe_command, probe_checkpoint, register_probe
-from posbench.probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, IDENTITY
 from posbench.reevaluate import evaluate_checkpoint, register
+from posbench.runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
+from posbench.runfolder import PROBE_IDENTITY as IDENTITY
 
 SMALL = ["eval.max_tokens=2048", "eval.splits=[test]", "probe.targets=64", "probe.trials=4", "probe.block=16"]
 

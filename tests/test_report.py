@@ -10,10 +10,10 @@ from matplotlib.colors import to_hex
 
 from posbench.cli import main
 from posbench.errors import PosbenchError
-from posbench.evaluate import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS, variant_of
+from posbench.evaluate import variant_of
 from posbench.positional import ENCODINGS
 from posbench.report import REPORT_DIR, Selection, collect_runs, report
-from posbench.report.collect import RESULTS, RUN_CSVS
+from posbench.report.collect import RUN_CSVS
 from posbench.report.figures import (
     ENCODING_COLOURS,
     draw_figures,
@@ -22,6 +22,7 @@ from posbench.report.figures import (
     line_styles,
 )
 from posbench.report.tables import aggregate, change, mean_std, normalise, signed, training_curves
+from posbench.runfolder import PER_POSITION, PER_POSITION_COLUMNS, RESULT_COLUMNS, RESULTS
 
 TRAIN_LEN, LENGTHS = 4, [4, 8, 16]
 # ppl by (encoding, seed) at each length; "learned" cannot serve 16

@@ -6,13 +6,14 @@ import pandas as pd
 import pytest
 
 from posbench.config import EvalConfig
-from posbench.evaluate import RESULT_COLUMNS, variant_of
+from posbench.evaluate import variant_of
 from posbench.probes.attention import BIAS_COLUMNS
 from posbench.probes.attention import COLUMNS as ATTENTION_COLUMNS
 from posbench.probes.context import COLUMNS as CONTEXT_COLUMNS
 from posbench.probes.copy import COLUMNS as COPY_COLUMNS
-from posbench.probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, IDENTITY
 from posbench.report import report
+from posbench.runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, RESULT_COLUMNS
+from posbench.runfolder import PROBE_IDENTITY as IDENTITY
 
 L = 4  # train_len; the probes' lengths are 4, 16 and 64 (16 x L)
 #: Per (encoding, seed): context nll at k = 4, 8, 16, 64; copy gain at d = 0, 16, 64; window and full nll at 64.

@@ -20,10 +20,10 @@ import torch
 from posbench import train as train_module
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
 from posbench.errors import PosbenchError
-from posbench.io import lock_run_dir
 from posbench.model import LanguageModel
 from posbench.optim import lr_factor
 from posbench.reevaluate import evaluate_checkpoint, register
+from posbench.runfolder import lock_run_dir
 from posbench.sweep import data_tag
 from posbench.train import train
 

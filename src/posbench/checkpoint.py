@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 from .errors import PosbenchError
 from .io import atomic_write
+from .runfolder import CHECKPOINT, RESUME_CHECKPOINT
 
-CHECKPOINT = "checkpoint.pt"
-RESUME_CHECKPOINT = "last.pt"
+__all__ = ["CHECKPOINT", "RESUME_CHECKPOINT", "check_vocab", "load_checkpoint", "save_checkpoint"]
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:

@@ -143,7 +143,7 @@ def _run_hydra(config_name: str, task: Callable, args: list[str], check: Callabl
         if hydra_cfg.mode == RunMode.MULTIRUN:
             sweep.run_job(task, cfg, run_dir, Path(hydra_cfg.sweep.dir))
             return
-        with one_line_errors(cfg.get("debug", False), run_dir):
+        with one_line_errors(cfg.get("debug", False)):
             task(cfg, run_dir)
 
     sys.argv = [f"posbench {config_name}", *args]

@@ -11,7 +11,6 @@ import contextlib
 import errno
 import os
 import sys
-from pathlib import Path
 
 
 class PosbenchError(Exception):
@@ -22,7 +21,12 @@ class Interrupted(PosbenchError):
     """Stopped by a signal (SIGINT, SIGTERM) with the state saved: a sweep stops too, not only its job."""
 
 
-class RunFolderBusy(PosbenchError):
+class Refused(PosbenchError):
+    """A command turned a folder down before working in it (busy, or holding another run): it changed nothing
+    there, error.txt included."""
+
+
+class RunFolderBusy(Refused):
     """Another process writes to the run folder: its error.txt is that process's, not to be touched."""
 
 
@@ -104,37 +108,13 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else 'no message'} (unexpected; debug=true shows the traceback)"
 
 
-def record_error(e: BaseException, message: str, run_dir: Path | None) -> None:
-    """The run's one-line account for ``report``; a folder that cannot take it (read-only, full) does without,
-    and a folder another process is writing to is left to that process."""
-    from .io import ERROR_FILE, write_text
-
-    if run_dir is not None and not isinstance(e, RunFolderBusy):
-        with contextlib.suppress(OSError):
-            write_text(f"{message}\n", run_dir / ERROR_FILE)
-
-
-def clear_error(run_dir: Path | None) -> None:
-    """A run that starts again starts with a clean slate."""
-    from .io import ERROR_FILE
-
-    if run_dir is not None:
-        with contextlib.suppress(OSError):
-            (run_dir / ERROR_FILE).unlink(missing_ok=True)
-
-
 @contextlib.contextmanager
-def one_line_errors(debug: bool, run_dir: Path | None = None):
-    """Turn any exception or Ctrl-C into one line on stderr and exit code 2 (the traceback with debug=true).
-
-    Given the run's folder, the line also goes to its error.txt, so that ``report`` can say why the run stopped.
-    """
-    clear_error(run_dir)
+def one_line_errors(debug: bool):
+    """Turn any exception or Ctrl-C into one line on stderr and exit code 2 (the traceback with debug=true)."""
     try:
         yield
     except (Exception, KeyboardInterrupt) as e:
         message = describe(e)
-        record_error(e, message, run_dir)
         if debug:
             raise
         raise SystemExit(fail(message)) from None

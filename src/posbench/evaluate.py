@@ -29,50 +29,19 @@ from torch import Tensor
 
 from .config import eval_lens_of, train_lengths_label
 from .data import UNK, Corpus
-from .errors import PosbenchError
-from .io import write_csv
 from .model import LanguageModel
 from .positional import ENCODINGS, encoding_config
+from .runfolder import (
+    PER_ARTICLE,
+    PER_ARTICLE_COLUMNS,
+    PER_POSITION,
+    PER_POSITION_COLUMNS,
+    RESULT_COLUMNS,
+    ModelState,
+    merge_rows,
+)
 
 log = logging.getLogger(__name__)
-
-RESULT_COLUMNS = [
-    "encoding",
-    "variant",
-    "train_len",
-    "train_lengths",
-    "eval_len",
-    "split",
-    "eval_mode",
-    "stride",
-    "tokens",
-    "nll",
-    "ppl",
-    "ppl_beyond",
-    "unigram_ppl",
-    "status",
-    "reason",
-    "seed",
-    "params",
-    "encoding_params",
-    "stopped_step",
-    "best_step",
-    "stop_reason",
-    "run_dir",
-    "precision",
-]
-#: A row of results.csv is identified, within its run, by these columns.
-RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision"]
-RESULTS = "results.csv"
-PER_POSITION = "per_position.csv"
-PER_POSITION_KEYS = [*RESULT_KEYS, "position"]
-#: Columns that say which measurement a per-position or per-article row belongs to.
-MEASUREMENT_COLUMNS = ["encoding", "variant", "train_len", "seed", "split", "eval_mode", "stride", "eval_len"]
-PER_POSITION_COLUMNS = [*MEASUREMENT_COLUMNS, "position", "nll", "count", "precision"]
-PER_ARTICLE = "per_article.csv"
-#: A measurement's rows are replaced whole: its number of articles changes with eval.max_tokens.
-PER_ARTICLE_KEYS = RESULT_KEYS
-PER_ARTICLE_COLUMNS = [*MEASUREMENT_COLUMNS, "article", "tokens", "nll_sum", "precision"]
 
 
 @dataclass
@@ -94,12 +63,17 @@ class Score:
 
     @property
     def ppl(self) -> float:
-        return math.exp(self.nll)
+        return exp_or_inf(self.nll)
 
     def ppl_from(self, position: int) -> float | None:
         """Perplexity of the targets at window positions >= ``position`` (``None`` if there are none)."""
         count = int(self.count[position:].sum())
-        return math.exp(self.nll_sum[position:].sum().item() / count) if count else None
+        return exp_or_inf(self.nll_sum[position:].sum().item() / count) if count else None
+
+
+def exp_or_inf(nll: float) -> float:
+    """exp(nll), infinite past float range (math.exp raises there)."""
+    return math.exp(nll) if nll < 709 else math.inf
 
 
 def windows(n_targets: int, eval_len: int, stride: int) -> list[tuple[int, int, int]]:
@@ -178,46 +152,10 @@ def per_article_rows(score: Score, article: Tensor) -> pd.DataFrame:
     return pd.DataFrame({"article": range(n_articles), "tokens": tokens.numpy(), "nll_sum": nll_sum.numpy()})
 
 
-def read_mergeable(path: Path, keys: list[str]) -> pd.DataFrame | None:
-    """The rows of ``path`` that a merge keeps (None: no file); a file that cannot be merged is one line."""
-    if not path.is_file():
-        return None
-    try:
-        old = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    else:
-        missing = [k for k in keys[:2] if k not in old.columns]  # keys added later (precision) may be absent
-        if not missing:
-            return old
-        reason = f"no {', '.join(missing)} column"
-    raise PosbenchError(f"{path} is not a results file posbench can add rows to ({reason}); move it aside, run again")
-
-
-def check_mergeable(run_dir: Path) -> None:
-    """Before anything is measured: the run folder's result files take new rows (nothing is half-merged later)."""
-    read_mergeable(Path(run_dir) / RESULTS, RESULT_KEYS)
-    read_mergeable(Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
-    read_mergeable(Path(run_dir) / PER_ARTICLE, PER_ARTICLE_KEYS)
-
-
-def merge_csv(new: pd.DataFrame, path: Path, keys: list[str]) -> pd.DataFrame:
-    """Write ``new`` to ``path`` atomically, keeping the file's rows whose ``keys`` ``new`` does not have."""
-    old = read_mergeable(path, keys)
-    if old is not None:
-
-        def key(df: pd.DataFrame) -> pd.Series:
-            return df.reindex(columns=keys).astype("string").fillna("").agg("|".join, axis=1)
-
-        new = pd.concat([old[~key(old).isin(set(key(new)))], new], ignore_index=True)
-    write_csv(new, path)
-    return new
-
-
-def merge_frames(frames: list[pd.DataFrame], columns: list[str], path: Path, keys: list[str]) -> None:
-    """``merge_csv`` of ``frames`` concatenated, if there are any."""
+def merge_frames(frames: list[pd.DataFrame], columns: list[str], folder: Path, name: str, state: ModelState) -> None:
+    """``merge_rows`` of ``frames`` concatenated, if there are any."""
     if frames:
-        merge_csv(pd.concat(frames, ignore_index=True)[columns], path, keys)
+        merge_rows(folder, name, pd.concat(frames, ignore_index=True)[columns], state)
 
 
 #: The label of a model trained at randomized positions (``randpos8192``): the part of a variant that
@@ -265,22 +203,23 @@ def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: i
     return "", ""
 
 
-def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
-    """One row per (split, eval_len); also writes the per-position loss to ``run_dir/per_position.csv`` and
-    the per-article loss to ``run_dir/per_article.csv``.
+def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir, state: ModelState) -> pd.DataFrame:
+    """One row per (split, eval_len) of the model in ``state``; also merges the per-position loss into
+    ``run_dir/per_position.csv`` and the per-article loss into ``run_dir/per_article.csv``.
 
     ``eval.window``, ``eval.blockwise``, ``eval.sink`` and ``eval.attn_temperature`` change the attention
     (``Attention.evaluated_as``).
     """
     e = cfg.eval
     with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
-        return score_lengths(model, corpus, cfg, device, run_dir)
+        return score_lengths(model, corpus, cfg, device, run_dir, state)
 
 
-def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) -> pd.DataFrame:
+def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir, state: ModelState) -> pd.DataFrame:
     """``evaluate_lengths`` in the attention window already set.
 
-    Lengths the encoding cannot serve (``unsupported``) or the split cannot fill (``too_short``) are marked, not fatal.
+    Lengths the encoding cannot serve (``unsupported``), the split cannot fill (``too_short``) or the model
+    scores as NaN or infinite (``nonfinite``) are marked, not fatal.
     """
     e = cfg.eval
     base = dict(
@@ -308,24 +247,26 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir) ->
                 log.warning("%s eval_len %d skipped: %s", split, eval_len, reason)
                 rows.append(dict(where, tokens=len(tokens) - 1, status=status, reason=reason))
                 continue
-            t0 = time.perf_counter()
-            score = score_windows(model, tokens, eval_len, stride, e.batch_tokens, device)
+            score = timed_score(model, tokens, eval_len, stride, e.batch_tokens, device, split)
+            if not math.isfinite(score.nll):
+                reason = f"the mean NLL is {score.nll} (NaN or infinite): the model's scores overflowed"
+                log.warning("%s eval_len %d: %s", split, eval_len, reason)
+                rows.append(dict(where, tokens=score.tokens, status="nonfinite", reason=reason))
+                continue
             beyond = score.ppl_from(cfg.train_len) if eval_len > cfg.train_len else None
-            log.info(
-                "%s eval_len=%d stride=%d ppl=%.2f (%.1fs)",
-                split,
-                eval_len,
-                stride,
-                score.ppl,
-                time.perf_counter() - t0,
+            measured = dict(
+                tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason=""
             )
-            rows.append(
-                dict(
-                    where, tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason=""
-                )
-            )
+            rows.append(dict(where, **measured))
             positions.append(per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where))
             articles.append(per_article_rows(score, target_article).assign(**where))
-    merge_frames(positions, PER_POSITION_COLUMNS, Path(run_dir) / PER_POSITION, PER_POSITION_KEYS)
-    merge_frames(articles, PER_ARTICLE_COLUMNS, Path(run_dir) / PER_ARTICLE, PER_ARTICLE_KEYS)
-    return pd.DataFrame(rows, columns=RESULT_COLUMNS)
+    merge_frames(positions, PER_POSITION_COLUMNS, Path(run_dir), PER_POSITION, state)
+    merge_frames(articles, PER_ARTICLE_COLUMNS, Path(run_dir), PER_ARTICLE, state)
+    return pd.DataFrame(rows, columns=RESULT_COLUMNS).assign(**state.columns())
+
+
+def timed_score(model: LanguageModel, tokens: Tensor, eval_len: int, stride: int, batch_tokens: int, device, split):
+    t0 = time.perf_counter()
+    score = score_windows(model, tokens, eval_len, stride, batch_tokens, device)
+    log.info("%s eval_len=%d stride=%d ppl=%.2f (%.1fs)", split, eval_len, stride, score.ppl, time.perf_counter() - t0)
+    return score

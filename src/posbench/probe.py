@@ -14,10 +14,10 @@ from typing import List
 from omegaconf import DictConfig
 
 from .errors import PosbenchError
-from .io import lock_run_dir
 from .probes.config import PROBES, ProbeConfig, check_probes
 from .probes.suite import run_probes
 from .reevaluate import EvalCommandConfig, check_command, command_line_keys, load_run, register
+from .runfolder import lock_run_dir
 
 
 @dataclass
@@ -45,7 +45,8 @@ def probe_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> Non
     run = load_run(command, keys)
     run.cfg.probes, run.cfg.probe = command.probes, command.probe
     with lock_run_dir(Path(out_dir)):
-        run_probes(run.model, run.corpus, run.cfg, run.device, Path(out_dir))
+        run.taken_into(Path(out_dir))
+        run_probes(run.model, run.corpus, run.cfg, run.device, Path(out_dir), run.state)
 
 
 def probe_command(cfg: DictConfig, out_dir: str) -> None:

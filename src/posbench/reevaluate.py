@@ -3,8 +3,11 @@
 The run's own config (from its checkpoint) is the starting point; only the keys given on
 the command line replace it. An encoding's evaluation-time options are set under its name
 (``rope.scaling.*`` becomes the encoding's ``scaling``). Rows
-go to the run's results.csv, per_position.csv and per_article.csv, replacing rows with the same
-split, eval_len, eval_mode, stride, variant and precision; ``hydra.run.dir=DIR`` writes to DIR instead.
+go to the run's results.csv, per_position.csv and per_article.csv, merged by the identity of a row
+(``runfolder.merge_rows``: the run, the state of its weights, and split, eval_len, eval_mode, stride,
+variant and precision); ``hydra.run.dir=DIR`` writes to DIR instead, beside the rows of other runs there.
+A run still training is evaluated on its best weights so far, with a warning: ``report`` leaves such rows
+out, and the run drops them from its own folder when it finishes.
 """
 
 from __future__ import annotations
@@ -19,14 +22,23 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .checkpoint import CHECKPOINT, check_vocab, load_checkpoint
+from .checkpoint import check_vocab, load_checkpoint
 from .config import EvalConfig, check_config, check_eval, config_on_schema
 from .data import Corpus, DataConfig, load_corpus
 from .errors import PosbenchError
-from .evaluate import RESULT_KEYS, check_mergeable, evaluate_lengths, merge_csv
-from .io import lock_run_dir
+from .evaluate import evaluate_lengths
 from .model import LanguageModel
 from .positional import variant_namespaces
+from .runfolder import (
+    CHECKPOINT,
+    RESULTS,
+    ModelState,
+    check_mergeable,
+    lock_run_dir,
+    merge_rows,
+    model_state,
+    save_run_config,
+)
 from .runtime import legacy_precision, resolve_device, resolve_precision, set_threads
 
 log = logging.getLogger(__name__)
@@ -112,12 +124,27 @@ class LoadedRun:
     corpus: Corpus
     model: LanguageModel
     device: torch.device
+    state: ModelState
+
+    def taken_into(self, out_dir: Path) -> None:
+        """Before rows of this run go into ``out_dir`` (whose lock the caller holds): they can, and the
+        folder keeps the run's config for the report."""
+        check_mergeable(out_dir)
+        save_run_config(out_dir, self.state.run_id, OmegaConf.to_container(self.cfg, resolve=True))
 
 
 def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
     """Load ``command.checkpoint``, its config with ``keys`` of ``command`` overridden, and its data."""
     check_command(command)
-    payload = load_checkpoint(Path(command.checkpoint))
+    path = Path(command.checkpoint)
+    payload = load_checkpoint(path)
+    state = model_state(payload, path / CHECKPOINT if path.is_dir() else path)
+    if not state.final:
+        log.warning(
+            "%s is not finished (training goes on, or stopped before its end): these rows measure its best "
+            "weights so far (step %d); report leaves them out, and the run drops them when it finishes",
+            *(path, state.step),
+        )
     cfg = run_config(payload["config"], command, keys)
     check_config(cfg)
     set_threads(cfg.threads)
@@ -131,7 +158,7 @@ def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
         raise PosbenchError(f"the checkpoint's weights do not fit its config: {str(e).splitlines()[0]}") from None
-    return LoadedRun(cfg, corpus, model, device)
+    return LoadedRun(cfg, corpus, model, device, state)
 
 
 def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> pd.DataFrame:
@@ -139,10 +166,10 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     run = load_run(command, keys)
     out_dir = Path(out_dir)
     with lock_run_dir(out_dir):
-        check_mergeable(out_dir)
-        results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir)
-        merge_csv(results, out_dir / "results.csv", RESULT_KEYS)
-    log.info("%d rows written to %s", len(results), out_dir / "results.csv")
+        run.taken_into(out_dir)
+        results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir, run.state)
+        merge_rows(out_dir, RESULTS, results, run.state)
+    log.info("%d rows written to %s", len(results), out_dir / RESULTS)
     return results
 
 

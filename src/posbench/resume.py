@@ -16,10 +16,10 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
+from .checkpoint import load_checkpoint
 from .config import config_on_schema, eval_lens_of
-from .errors import PosbenchError
-from .io import ERROR_FILE
+from .errors import PosbenchError, Refused
+from .runfolder import CHECKPOINT, ERROR_FILE, RESULTS, RESUME_CHECKPOINT, model_state, read_csv
 from .runtime import legacy_precision, resolve_device, resolve_precision, rng_states, set_rng_states
 
 #: Keys that may differ between a run and its resumption: they do not change a single number.
@@ -60,9 +60,9 @@ def config_differences(saved, current) -> list[str]:
     return [f"{k}: {a.get(k, absent)} -> {b.get(k, absent)}" for k in keys if a.get(k, absent) != b.get(k, absent)]
 
 
-def mismatch(what: str, differences: list[str]) -> PosbenchError:
+def mismatch(what: str, differences: list[str]) -> Refused:
     shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
-    return PosbenchError(
+    return Refused(
         f"{what} has another config ({shown}); pass train.resume=false to start afresh, or use another run folder"
     )
 
@@ -79,7 +79,7 @@ def check_same_config(saved, current, what: str) -> None:
 
 def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
     """The metrics of a run already finished in ``run_dir`` with this config (results.csv complete), else None."""
-    results_path, best_path = run_dir / "results.csv", run_dir / CHECKPOINT
+    results_path, best_path = run_dir / RESULTS, run_dir / CHECKPOINT
     if str(cfg.train.resume).lower() not in ("auto", "true") or not (results_path.is_file() and best_path.is_file()):
         return None
     if (run_dir / RESUME_CHECKPOINT).is_file():
@@ -87,7 +87,8 @@ def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
     best = load_checkpoint(best_path)
     check_same_config(best["config"], cfg, f"{run_dir} holds a finished run that")
     try:
-        results = pd.read_csv(results_path)
+        results = read_csv(results_path)
+        results = results[results["run_id"] == model_state(best, best_path).run_id]  # the folder may hold others'
         measured = set(zip(results["split"], results["eval_len"]))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, KeyError):
         return None  # not a complete results.csv: train (or resume) and write it again
@@ -112,7 +113,7 @@ def resume_source(cfg: DictConfig, run_dir: Path) -> Path | None:
     if choice.lower() in ("auto", "true"):
         path = run_dir / RESUME_CHECKPOINT
         if choice.lower() == "true" and not path.is_file():
-            raise PosbenchError(f"train.resume=true but {run_dir} holds no {RESUME_CHECKPOINT} to resume from")
+            raise Refused(f"train.resume=true but {run_dir} holds no {RESUME_CHECKPOINT} to resume from")
         return path if path.is_file() else None
     path = Path(choice).expanduser()
     return path / RESUME_CHECKPOINT if path.is_dir() else path

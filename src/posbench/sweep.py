@@ -22,7 +22,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from .errors import Interrupted, clear_error, describe, record_error
+from .errors import Interrupted, describe
 
 #: The sweep folder's record of its jobs' outcomes, one line each.
 SWEEP_LOG = "sweep.log"
@@ -58,14 +58,13 @@ def append_line(sweep_dir: Path, line: str) -> None:
 
 
 def run_job(task, cfg, run_dir: Path, sweep_dir: Path) -> None:
-    """One job of a sweep: a failure goes to its error.txt, the sweep log and one line, and the sweep goes
-    on; Ctrl-C or a signal stops the whole sweep, and ``debug=true`` stops it with the traceback."""
-    clear_error(run_dir)
+    """One job of a sweep: a failure goes to the sweep log and one line (training also keeps it in the run's
+    error.txt), and the sweep goes on; Ctrl-C or a signal stops the whole sweep, and ``debug=true`` stops it
+    with the traceback."""
     try:
         task(cfg, run_dir)
     except (Exception, KeyboardInterrupt) as e:
         message = describe(e)
-        record_error(e, message, run_dir)
         record_job(sweep_dir, run_dir, message)
         if cfg.get("debug", False) or isinstance(e, (KeyboardInterrupt, Interrupted)):
             raise

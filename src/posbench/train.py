@@ -28,18 +28,34 @@ from torch import nn
 from tqdm import tqdm
 
 from . import distributed
-from .checkpoint import CHECKPOINT, RESUME_CHECKPOINT, save_checkpoint
+from .checkpoint import save_checkpoint
 from .config import check_config, train_lengths_of
 from .data import Corpus, load_corpus
 from .errors import Interrupted, PosbenchError
-from .evaluate import check_mergeable, evaluate_lengths, score_nonoverlapping
-from .io import lock_run_dir, write_csv
+from .evaluate import evaluate_lengths, score_nonoverlapping
+from .io import write_csv
 from .logger import Logger, open_logger
 from .model import LanguageModel
 from .optim import make_optimizer, make_scheduler
 from .probes.copy import with_copies
 from .probes.suite import run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
+from .runfolder import (
+    CHECKPOINT,
+    RESULTS,
+    RESUME_CHECKPOINT,
+    TRAIN_LOG,
+    ModelState,
+    check_mergeable,
+    clear_error,
+    errors_recorded,
+    finalize,
+    legacy_run_id,
+    lock_run_dir,
+    merge_rows,
+    new_run_id,
+    save_run_config,
+)
 from .runtime import freed_memory_kept, resolve_device, resolve_precision, seed_everything, set_threads
 
 log = logging.getLogger(__name__)
@@ -72,6 +88,7 @@ class Progress:
     log_rows: list[dict] = field(default_factory=list)
     loss_average: float | None = None
     grad_average: float | None = None
+    run_id: str = field(default_factory=new_run_id)  # which run the rows of this folder's CSVs measured
 
     def spikes(self, step: int, train_loss: float, grad: float, t) -> tuple[bool, bool]:
         """Whether this step's loss and gradient norm jumped above their running averages (logged
@@ -185,7 +202,8 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     source = resume_source(cfg, run_dir)
     progress = Progress()
     if source:
-        progress = Progress(**restore(source, model, optimizer, scheduler, gen, cfg, corpus.vocab))
+        restored = restore(source, model, optimizer, scheduler, gen, cfg, corpus.vocab)
+        progress = Progress(**{"run_id": legacy_run_id(run_dir), **restored})  # a last.pt from before run ids
         log.info("resumed from %s at step %d of %d", source, progress.step, t.steps)
     loss_fn = distributed.training_loss(model, world, device)
     rows = {length: world.batch_slice(batch_rows(cfg, length)) for length in train_lengths_of(cfg)}
@@ -231,10 +249,16 @@ def validate(run: Run, step: int) -> float:
     if val_loss < progress.best_val:
         progress.best_val, progress.best_step, progress.checks_since_best = val_loss, step, 0
         progress.best_model = copy.deepcopy(run.model.state_dict())
-        best = {"model": run.model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True)}
-        best.update(vocab=run.corpus.vocab, step=step, valid_loss=val_loss)
-        save_checkpoint(run.run_dir / CHECKPOINT, best)
+        save_best(run, run.model.state_dict(), final=False)
     return val_loss
+
+
+def save_best(run: Run, weights: dict, final: bool) -> None:
+    """checkpoint.pt: the best weights so far, their step and run, and whether training has ended."""
+    p = run.progress
+    best = {"model": weights, "config": OmegaConf.to_container(run.cfg, resolve=True), "vocab": run.corpus.vocab}
+    best.update(step=p.best_step, valid_loss=p.best_val, run_id=p.run_id, final=final)
+    save_checkpoint(run.run_dir / CHECKPOINT, best)
 
 
 # Early stopping before train.steps: rank 0 (which alone validates) decides after each validation, every rank follows.
@@ -273,7 +297,7 @@ def save_resume_state(run: Run) -> None:
     p = run.progress
     state = resume_state(run.model, run.optimizer, run.scheduler, run.gen, vars(p), run.cfg, run.corpus.vocab)
     save_checkpoint(run.run_dir / RESUME_CHECKPOINT, state)
-    write_csv(pd.DataFrame(p.log_rows), run.run_dir / "train_log.csv")
+    write_csv(pd.DataFrame(p.log_rows), run.run_dir / TRAIN_LOG)
 
 
 def stop_non_finite(run: Run, what: str, value: float, step: int) -> None:
@@ -281,7 +305,7 @@ def stop_non_finite(run: Run, what: str, value: float, step: int) -> None:
     p = run.progress
     p.log_rows.append(dict(step=step, tokens=p.tokens_seen, train_loss=value if what == "training loss" else None))
     if run.world.is_main:
-        write_csv(pd.DataFrame(p.log_rows), run.run_dir / "train_log.csv")
+        write_csv(pd.DataFrame(p.log_rows), run.run_dir / TRAIN_LOG)
     kept = f"{CHECKPOINT} (best, step {p.best_step})" if p.best_step else "no checkpoint yet"
     raise PosbenchError(
         f"{what} is {value} at step {step}; training stopped, {kept} kept; "
@@ -297,17 +321,21 @@ def stopped(run: Run, signal_name: str, step: int) -> Interrupted:
     )
 
 
-# The best model's perplexity at every eval length goes to results.csv; last.pt is no longer needed.
+# The best model's perplexity at every eval length goes to results.csv, rows measured on earlier weights of
+# this run go; then last.pt is no longer needed.
 def finish(run: Run) -> dict:
     p = run.progress
-    write_csv(pd.DataFrame(p.log_rows), run.run_dir / "train_log.csv")
+    write_csv(pd.DataFrame(p.log_rows), run.run_dir / TRAIN_LOG)
     run.model.load_state_dict(p.best_model)
-    results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir)
+    save_best(run, p.best_model, final=True)
+    state = ModelState(p.run_id, p.best_step, final=True)
+    results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir, state)
     stop_reason = "patience" if p.out_of_patience else "steps"  # where training stopped, and why
     results = results.assign(stopped_step=p.step, best_step=p.best_step, stop_reason=stop_reason)
-    write_csv(results, run.run_dir / "results.csv")
+    merge_rows(run.run_dir, RESULTS, results, state)
     run.logger.log_results(results)
-    run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir)  # those of ``probes=[...]``, if any
+    run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir, state)  # those of ``probes=[...]``, if any
+    finalize(run.run_dir, state)
     run.logger.close()
     (run.run_dir / RESUME_CHECKPOINT).unlink(missing_ok=True)  # finished: results.csv and checkpoint.pt say all
     return {"best_valid_loss": p.best_val, "results": results}
@@ -340,16 +368,20 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     world = distributed.setup()  # one process alone, or this rank's place under torchrun / SLURM
     set_threads(cfg.threads)
     run_dir = Path(run_dir)
-    with lock_run_dir(run_dir) if world.is_main else contextlib.nullcontext():  # rank 0 alone writes
+    writes = run_dir if world.is_main else None  # rank 0 alone writes
+    with lock_run_dir(run_dir) if writes else contextlib.nullcontext(), errors_recorded(writes):
         done = finished_run(cfg, run_dir)
         if done is not None:
             log.info("%s already holds this run, finished (train.resume=false runs it again)", run_dir)
             return done
-        if world.is_main and str(cfg.train.resume).lower() == "false":
+        if writes and str(cfg.train.resume).lower() == "false":
             start_afresh(run_dir)
-        if world.is_main:
+        if writes:
             check_mergeable(run_dir)  # a results file that cannot take rows fails now, not after training
         run = prepare(cfg, run_dir, world)
+        if writes:
+            clear_error(run_dir)  # the folder is taken: an earlier failure's account is past
+            save_run_config(run_dir, run.progress.run_id, OmegaConf.to_container(cfg, resolve=True))
         train_loop(run)
         run.bar.close()
         return finish(run) if world.is_main else {}

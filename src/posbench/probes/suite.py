@@ -1,7 +1,7 @@
 """Running the probes named in ``probes=[...]`` on a trained model, their rows merged into the run's CSVs.
 
-Each CSV starts with the run's identity columns (encoding, variant, train_len, seed); a re-run
-replaces the rows with the same keys (``CSV_KEYS``), as ``posbench eval`` does in results.csv.
+Each CSV starts with the run's identity columns (encoding, variant, train_len, seed) and ends with the
+model's state; rows are merged as every result row is (``runfolder.merge_rows``).
 The window probe writes results.csv rows of variant ``windowW`` (and per_position.csv).
 """
 
@@ -14,7 +14,8 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from ..data import Corpus
-from ..evaluate import RESULT_KEYS, evaluate_lengths, merge_csv, variant_of
+from ..evaluate import evaluate_lengths, variant_of
+from ..runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, PROBE_IDENTITY, RESULTS, ModelState, merge_rows
 from .attention import attention_stats, bias_curves
 from .config import probe_config
 from .context import context_usage
@@ -22,20 +23,8 @@ from .copy import copy_probe
 
 log = logging.getLogger(__name__)
 
-CONTEXT_CSV = "context_usage.csv"
-COPY_CSV = "copy_probe.csv"
-ATTENTION_CSV = "attention_stats.csv"
-BIAS_CSV = "bias_curves.csv"
-RESULTS_CSV = "results.csv"
-IDENTITY = ["encoding", "variant", "train_len", "seed"]
-#: A probe row is identified, within its run, by these columns.
-CSV_KEYS = {
-    CONTEXT_CSV: ["variant", "split", "context", "subset"],
-    COPY_CSV: ["variant", "distance"],
-    ATTENTION_CSV: ["variant", "eval_len", "layer", "head"],
-    BIAS_CSV: ["variant", "head", "distance"],
-    RESULTS_CSV: RESULT_KEYS,
-}
+#: What a probe returns: rows by the CSV they go to.
+Tables = dict[str, pd.DataFrame]
 
 
 def probe_tokens(corpus: Corpus, cfg: DictConfig):
@@ -43,23 +32,23 @@ def probe_tokens(corpus: Corpus, cfg: DictConfig):
     return corpus.splits["test"][: cfg.eval.max_tokens]
 
 
-def context(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> dict[str, pd.DataFrame]:
+def context(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
     tokens, probe = probe_tokens(corpus, cfg), probe_config(cfg.probe)
     return {CONTEXT_CSV: context_usage(model, tokens, cfg.train_len, probe, cfg.eval.batch_tokens)}
 
 
-def window(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> dict[str, pd.DataFrame]:
+def window(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
     """Every eval length again with attention limited to W = ``eval.window`` (default train_len) keys."""
     windowed = OmegaConf.merge(cfg, {"eval": {"window": cfg.eval.window or cfg.train_len}})
-    return {RESULTS_CSV: evaluate_lengths(model, corpus, windowed, device, out_dir)}
+    return {RESULTS: evaluate_lengths(model, corpus, windowed, device, out_dir, state)}
 
 
-def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> dict[str, pd.DataFrame]:
+def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
     tokens, probe = probe_tokens(corpus, cfg), probe_config(cfg.probe)
     return {COPY_CSV: copy_probe(model, tokens, corpus.vocab_size, cfg.train_len, probe, cfg.eval.batch_tokens)}
 
 
-def attention(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> dict[str, pd.DataFrame]:
+def attention(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
     stats = attention_stats(model, probe_tokens(corpus, cfg), cfg.train_len)
     return {ATTENTION_CSV: stats, BIAS_CSV: bias_curves(model.encoding, cfg.train_len, device)}
 
@@ -67,8 +56,9 @@ def attention(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> 
 PROBE_RUNNERS = {"context": context, "window": window, "copy": copy, "attention": attention}
 
 
-def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> None:
-    """Run ``cfg.probes`` on ``model`` and merge their rows into ``out_dir`` (whose lock the caller holds)."""
+def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> None:
+    """Run ``cfg.probes`` on ``model`` (in ``state``) and merge their rows into ``out_dir`` (whose lock the
+    caller holds)."""
     identity = dict(
         encoding=cfg.encoding.name,
         variant=variant_of(cfg.encoding, model_cfg=cfg.model),
@@ -77,9 +67,9 @@ def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) ->
     )
     for name in cfg.probes:
         log.info("probe %s", name)
-        for csv, rows in PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir)).items():
-            if csv != RESULTS_CSV:
-                rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=IDENTITY), rows], axis=1)
+        for csv, rows in PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state).items():
+            if csv != RESULTS:
+                rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=PROBE_IDENTITY), rows], axis=1)
             if len(rows):
-                merge_csv(rows, Path(out_dir) / csv, CSV_KEYS[csv])
+                merge_rows(Path(out_dir), csv, rows, state)
                 log.info("probe %s: %d rows written to %s", name, len(rows), Path(out_dir) / csv)

@@ -11,6 +11,7 @@ keeps some evaluations only, in every file. ``collect`` reads, ``tables``, ``pro
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -19,10 +20,9 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import PosbenchError
-from ..evaluate import PER_ARTICLE
 from ..io import write_csv, write_text
-from ..probes.suite import IDENTITY
-from .collect import BUILDING_PREFIX, KEEP_ALL, REPORT_DIR, RESULTS, Runs, Selection, collect_results, collect_runs
+from ..runfolder import BUILDING_PREFIX, LOCK_FILE, PER_ARTICLE, PROBE_IDENTITY, REPORT_DIR, REPORT_MARK, RESULTS
+from .collect import KEEP_ALL, Runs, Selection, collect_results, collect_runs
 from .compare import compare_markdown, compare_runs
 from .figures import draw_figures, encoding_colours
 from .probe_figures import draw_probe_figures
@@ -41,16 +41,18 @@ def report(root: Path, compare: str | None = None, selection: Selection = KEEP_A
     root = Path(root)
     if not root.is_dir():
         raise PosbenchError(f"{root} is not a folder")
+    out = root / REPORT_DIR
+    check_own(out)
+    remove_abandoned_builds(root)
     runs = collect_runs(root, selection)
     results = normalise(runs.rows(RESULTS))
     summary = aggregate(results)
     probes = probe_numbers(runs.reported)
     compared = compare_runs(runs, compare, root) if compare else None
-    out = root / REPORT_DIR
     with replacing(out) as building:
         write_csv(results, building / "results.csv")
         write_csv(summary, building / "summary.csv")
-        if set(probes.columns) > set(IDENTITY):  # some run has derived probe numbers
+        if set(probes.columns) > set(PROBE_IDENTITY):  # some run has derived probe numbers
             write_csv(probes, building / "probes.csv")
         shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
         shown_probes = probe_markdown(unlabelled_single_precision(probes, results) if len(probes) else probes)
@@ -67,6 +69,41 @@ def report(root: Path, compare: str | None = None, selection: Selection = KEEP_A
     return out
 
 
+#: The files a report writes: any other entry in DIR/report is not the report's to replace.
+REPORT_FILES = ("*.csv", "*.md", "*.png", "*.svg", REPORT_MARK, LOCK_FILE)
+
+
+def check_own(out: Path) -> None:
+    """``out`` (DIR/report) is absent or holds a report's files only: anything else there is the user's, and the
+    report stops rather than replace it."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise PosbenchError(f"{out} is not a report folder posbench made; move it aside, then report again")
+    foreign = [p.name for p in out.iterdir() if not (p.is_file() and any(p.match(g) for g in REPORT_FILES))]
+    if foreign:
+        shown = ", ".join(sorted(foreign)[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise PosbenchError(f"{out} holds what a report does not write ({shown}); move it aside, then report again")
+
+
+def remove_abandoned_builds(root: Path) -> None:
+    """Remove the folders of reports that were killed while building beside DIR/report (no process holds
+    their lock any more)."""
+    for folder in root.glob(f"{BUILDING_PREFIX}*"):
+        if folder.is_dir() and not folder.is_symlink() and (folder / REPORT_MARK).is_file() and unlocked(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def unlocked(folder: Path) -> bool:
+    """Whether no process holds ``folder``'s lock (a report being built holds it to its end)."""
+    try:
+        with open(folder / LOCK_FILE, "a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
 @contextmanager
 def replacing(target: Path) -> Iterator[Path]:
     """An empty folder beside ``target`` to fill; once filled it takes ``target``'s place. If filling fails
@@ -76,17 +113,25 @@ def replacing(target: Path) -> Iterator[Path]:
         umask = os.umask(0)
         os.umask(umask)
         building.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the report ordinary permissions
-        yield building
-        previous = building.with_name(building.name + ".previous")
-        if target.exists():
-            os.replace(target, previous)
-        try:
-            os.replace(building, target)
-        except OSError:
-            if previous.exists():
-                os.replace(previous, target)
-            raise
-        if previous.exists():
-            shutil.rmtree(previous)
+        (building / REPORT_MARK).write_text("made by posbench report: replaced whole by the next one\n")
+        with open(building / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # a later report leaves a build in progress alone
+            yield building
+            take_place(building, target)
     finally:
         shutil.rmtree(building, ignore_errors=True)
+
+
+def take_place(building: Path, target: Path) -> None:
+    """``building`` becomes ``target``; the old ``target`` is removed only once it has."""
+    previous = building.with_name(building.name + ".previous")
+    if target.exists():
+        os.replace(target, previous)
+    try:
+        os.replace(building, target)
+    except OSError:
+        if previous.exists():
+            os.replace(previous, target)
+        raise
+    if previous.exists():
+        shutil.rmtree(previous)

@@ -1,9 +1,17 @@
-"""Reading a folder of runs: every CSV of every run folder, read once, the rows that cannot be used left out."""
+"""Reading a folder of runs: every CSV of every run folder, read once, the rows that cannot be used left out.
+
+A report holds finished models only: a folder whose training has not ended, rows measured on weights
+before training ended, a symbolic link (not followed) are listed as left out, each with its reason. A
+folder may hold rows of several runs (``posbench eval`` of several runs into one folder): each is a ``Run``.
+Runs of one line that differ in a config key that changes results (``CONFIG_IGNORED`` aside) are told
+apart by a ``config`` label naming the keys; only seeds are averaged.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -11,20 +19,41 @@ import pandas as pd
 
 from ..config import EVAL_MODES
 from ..errors import PosbenchError
-from ..evaluate import PER_ARTICLE, PER_POSITION, variant_parts
-from ..io import ERROR_FILE
-from ..probes.suite import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
+from ..evaluate import variant_parts
+from ..resume import flatten
+from ..runfolder import (
+    ATTENTION_CSV,
+    BIAS_CSV,
+    BUILDING_PREFIX,
+    CHECKPOINT,
+    CONTEXT_CSV,
+    COPY_CSV,
+    ERROR_FILE,
+    HYDRA_DIR,
+    MEASUREMENT_KEYS,
+    PER_ARTICLE,
+    PER_POSITION,
+    REPORT_DIR,
+    RESULTS,
+    RESUME_CHECKPOINT,
+    RUN_KEYS,
+    TRAIN_LOG,
+    find,
+    read_csv,
+    run_configs,
+    unfinished_reason,
+)
 
 log = logging.getLogger(__name__)
 
-REPORT_DIR = "report"
-#: The name start of a report being built or replaced beside REPORT_DIR: never a run.
-BUILDING_PREFIX = f".{REPORT_DIR}."
-RESULTS = "results.csv"
-TRAIN_LOG = "train_log.csv"
-
 #: Files that make a folder a run folder: Hydra's record of the run, or what a run writes.
-RUN_MARKERS = (".hydra", RESULTS, "last.pt", "checkpoint.pt", ERROR_FILE)
+RUN_MARKERS = (HYDRA_DIR, RESULTS, f"{RESULTS}.gz", RESUME_CHECKPOINT, CHECKPOINT, ERROR_FILE)
+#: Config keys that change no number of a run, or that a line already names (its seeds are averaged).
+CONFIG_IGNORED = (
+    *("seed", "debug", "device", "threads", "logger", "precision", "probes", "probe", "eval", "train.resume"),
+    *("train.checkpoint_every", "encoding.name", "train_len", "train.lengths", "train.length_order"),
+    "encoding.randomized_positions",
+)
 #: Columns the report cannot do without.
 REQUIRED_COLUMNS = ("encoding", "train_len", "eval_len", "split", "ppl", "status", "run_dir")
 #: The CSVs read from each run folder, with the columns whose values must be numbers. A run folder
@@ -56,15 +85,18 @@ RUN_CSVS = {
 
 
 #: A run's own columns that tell two runs' lines apart; a file without them gets the run's (``Runs.rows``).
-RUN_IDENTITY = ("precision", "train_lengths")
+RUN_IDENTITY = ("precision", "train_lengths", "config")
 
 
 @dataclass(frozen=True)
 class Run:
-    """One run folder's CSVs by file name (results.csv always among them), each holding its usable rows."""
+    """One run's rows in one folder, by file name (results.csv always among them), each holding its usable rows;
+    ``config``: the config keys that set it apart from the other runs of its line ("" for most)."""
 
     folder: Path
     tables: dict[str, pd.DataFrame]
+    run_id: str = ""
+    config: str = ""
 
     @property
     def precision(self) -> str:
@@ -137,7 +169,7 @@ class Selection:
     def apply(self, run: Run) -> Run | None:
         """``run`` with the rows this selection keeps; None where none of its results.csv rows is kept."""
         tables = {name: table[self.keep(table)].reset_index(drop=True) for name, table in run.tables.items()}
-        return Run(run.folder, tables) if len(tables[RESULTS]) else None
+        return replace(run, tables=tables) if len(tables[RESULTS]) else None
 
     def check_found(self, runs: list[Run]) -> None:
         """Every variant named was measured somewhere: a misspelt one fails instead of leaving an empty line."""
@@ -156,11 +188,10 @@ KEEP_ALL = Selection()
 def collect_runs(root: Path, selection: Selection = KEEP_ALL) -> Runs:
     """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded), the rows that
     ``selection`` keeps; a run none of whose results it keeps is not reported."""
-    read, left_out = [], {}
+    read, left_out = [], dict(symbolic_links(root))
     for folder in run_folders(root):
-        run, problems = read_run(folder)
-        if run is not None:
-            read.append(run)
+        runs, problems = read_runs(folder)
+        read += runs
         if problems:
             left_out[folder] = "; ".join(problems)
     for folder, reason in left_out.items():
@@ -170,7 +201,7 @@ def collect_runs(root: Path, selection: Selection = KEEP_ALL) -> Runs:
         left = f"; {len(left_out)} run folder(s) left out, e.g. {example[0]}: {example[1]}" if example else ""
         raise PosbenchError(f"no finished runs under {root} (no readable results.csv){left}")
     selection.check_found(read)
-    reported = [kept for run in read if (kept := selection.apply(run)) is not None]
+    reported = [kept for run in told_apart(read) if (kept := selection.apply(run)) is not None]
     if not reported:
         raise PosbenchError(f"no results under {root} that {selection} keeps")
     return Runs(reported, left_out)
@@ -188,6 +219,18 @@ def run_folders(root: Path) -> list[Path]:
     return sorted(f for f in folders if not any(is_report(part) for part in f.relative_to(root).parts))
 
 
+def symbolic_links(root: Path) -> list[tuple[Path, str]]:
+    """The links to folders below ``root``, which the report does not follow (a run would be counted twice, or
+    a link could lead out of ``root``), with where they point."""
+    links = []
+    for folder, names, _ in os.walk(root):
+        for name in names:
+            path = Path(folder) / name
+            if path.is_symlink() and not is_report(name):
+                links.append((path, f"a symbolic link to {os.readlink(path)}, not followed: report that folder"))
+    return links
+
+
 def is_report(name: str) -> bool:
     return name == REPORT_DIR or name.startswith(BUILDING_PREFIX)
 
@@ -197,47 +240,130 @@ def why_skipped(run: Path) -> str:
     if (run / ERROR_FILE).is_file():
         lines = (run / ERROR_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
         return f"failed: {lines[0] if lines else 'no reason recorded'}"
-    if (run / "last.pt").is_file():
+    if (run / RESUME_CHECKPOINT).is_file():
         return "unfinished: no results.csv yet (train.resume=auto continues it)"
     return "incomplete: no results.csv (still running, or stopped before its first checkpoint)"
 
 
-def read_run(folder: Path) -> tuple[Run | None, list[str]]:
-    """The run in ``folder`` (None when its results.csv is missing or unusable) and what was left out, and why."""
-    if not (folder / RESULTS).is_file():
-        return None, [why_skipped(folder)]
-    results, problem = read_table(folder / RESULTS)
+def read_runs(folder: Path) -> tuple[list[Run], list[str]]:
+    """The runs with rows in ``folder`` (none when its results.csv is missing or unusable, or its own training has
+    not ended) and what was left out, and why."""
+    if find(folder, RESULTS) is None:
+        return [], [why_skipped(folder)]
+    if unfinished_reason(folder):
+        return [], [unfinished_reason(folder)]
+    results, problem = read_table(find(folder, RESULTS), RESULTS)
     if results is None:
-        return None, [problem]
+        return [], [problem]
     missing = [c for c in REQUIRED_COLUMNS if c not in results.columns]
     if missing:
-        return None, [f"results.csv lacks {', '.join(missing)}"]
+        return [], [f"results.csv lacks {', '.join(missing)}"]
     if results.empty:
-        return None, [problem or "results.csv has no rows"]
+        return [], [problem or "results.csv has no rows"]
     tables, problems = {RESULTS: results}, [problem] if problem else []
     for name in RUN_CSVS:
-        if name != RESULTS and (folder / name).is_file():
-            table, problem = read_table(folder / name)
+        path = find(folder, name)
+        if name != RESULTS and path is not None:
+            table, problem = read_table(path, name)
             if table is not None:
                 tables[name] = table
             problems += [problem] if problem else []
-    return Run(folder, tables), problems
+    tables, unfinished = measured_when_finished(tables)
+    return split_by_run(folder, tables), problems + unfinished
 
 
-def read_table(path: Path) -> tuple[pd.DataFrame | None, str]:
-    """The usable rows of the CSV at ``path`` (None when it cannot be read) and what was left out, and why."""
+def measured_when_finished(tables: dict[str, pd.DataFrame]) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """The rows measured on a finished run's final weights, and what was left out: rows measured while their
+    run was still training (``posbench eval`` or ``probe`` on an unfinished run)."""
+    kept, problems = {}, []
+    for name, table in tables.items():
+        early = ~table["model_final"] if "model_final" in table else pd.Series(False, index=table.index)
+        if early.any():
+            steps = ", ".join(str(int(s)) for s in sorted(table.loc[early, "model_step"].dropna().unique()))
+            problems.append(
+                f"{name}: {int(early.sum())} rows measured before training ended (step {steps}): "
+                "finish the run, then eval or probe it again"
+            )
+        kept[name] = table[~early].reset_index(drop=True)
+    return kept, problems
+
+
+def split_by_run(folder: Path, tables: dict[str, pd.DataFrame]) -> list[Run]:
+    """One Run per run id in the folder's results; train_log.csv goes to the run trained here (the one whose
+    rows say where training stopped)."""
+    results = tables[RESULTS]
+    stopped = results["stop_reason"].notna() if "stop_reason" in results else pd.Series(False, index=results.index)
+    trained_here = set(results.loc[stopped, "run_id"])
+    runs = []
+    for run_id in results["run_id"].drop_duplicates():
+        own = {
+            name: deduplicated(table[table["run_id"] == run_id], name)
+            for name, table in tables.items()
+            if "run_id" in table
+        }
+        if TRAIN_LOG in tables and (run_id in trained_here or results["run_id"].nunique() == 1):
+            own[TRAIN_LOG] = tables[TRAIN_LOG]
+        if len(own[RESULTS]):
+            runs.append(Run(folder, own, run_id))
+    return runs
+
+
+def deduplicated(table: pd.DataFrame, name: str) -> pd.DataFrame:
+    """A run's rows with one row per measurement (the last written), as merging keeps them."""
+    if name not in MEASUREMENT_KEYS or name in (PER_POSITION, PER_ARTICLE):
+        return table.reset_index(drop=True)
+    keys = [c for c in [*RUN_KEYS, *MEASUREMENT_KEYS[name]] if c in table]
+    return table[~table[keys].astype("string").duplicated(keep="last")].reset_index(drop=True)
+
+
+def told_apart(runs: list[Run]) -> list[Run]:
+    """``runs`` with their ``config`` label: the keys in which a run's config differs from the others of its
+    line (seeds aside); "" where they agree, or a config is not known."""
+    configs = {}
+    for run in runs:
+        saved = run_configs(run.folder).get(run.run_id)
+        configs[id(run)] = result_changing(saved) if isinstance(saved, dict) else None
+    lines: dict[tuple, list[Run]] = {}
+    for run in runs:
+        lines.setdefault(trained_line(run), []).append(run)
+    labelled = {}
+    for members in lines.values():
+        known = [configs[id(run)] for run in members if configs[id(run)] is not None]
+        differing = sorted(k for k in set().union(*known) if len({str(c.get(k)) for c in known}) > 1) if known else []
+        for run in members:
+            config = configs[id(run)]
+            text = ",".join(f"{k}={config.get(k)}" for k in differing) if config is not None else ""
+            labelled[id(run)] = replace(run, config=text)
+    return [labelled[id(run)] for run in runs]
+
+
+def result_changing(config: dict) -> dict:
+    """A run's config flattened, without the keys of CONFIG_IGNORED."""
+    flat = flatten(config)
+    return {k: v for k, v in flat.items() if not any(k == i or k.startswith(f"{i}.") for i in CONFIG_IGNORED)}
+
+
+def trained_line(run: Run) -> tuple:
+    """What a line names of how a run was trained: its encoding, training variant, train_len, precision, lengths."""
+    first = run.tables[RESULTS].iloc[0]
+    trained = variant_parts(str(first.get("variant", "") if pd.notna(first.get("variant", "")) else ""))[0]
+    return (first["encoding"], trained, first["train_len"], run.precision, run.train_lengths)
+
+
+def read_table(path: Path, name: str) -> tuple[pd.DataFrame | None, str]:
+    """The usable rows of the CSV ``name`` at ``path`` (None when it cannot be read) and what was left out, and why."""
     try:
-        table = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as e:
+        table = read_csv(path) if name in MEASUREMENT_KEYS else pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, EOFError) as e:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return None, f"unreadable {path.name}: {first_line}"
-    faults = row_faults(table, RUN_CSVS[path.name])
+    faults = row_faults(table, RUN_CSVS[name])
     bad = faults != ""
     if not bad.any():
         return table, ""
     reasons = ", ".join(f"{count} {fault}" for fault, count in faults[bad].value_counts(sort=False).items())
     usable = table[~bad].reset_index(drop=True)
-    for column in RUN_CSVS[path.name]:
+    for column in RUN_CSVS[name]:
         if column in usable and not pd.api.types.is_numeric_dtype(usable[column]):
             usable[column] = pd.to_numeric(usable[column])  # the text column of numbers its faults made
     return usable, f"{path.name}: {bad.sum()} of {len(table)} rows left out ({reasons})"

@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import PosbenchError
-from ..evaluate import PER_ARTICLE
 from ..markdown import markdown_table
+from ..runfolder import PER_ARTICLE
 from .collect import RESULTS, Runs
 from .tables import at_train_len_alone, eval_modes, label, mode_title, natural_key, normalise, splits
 
@@ -30,7 +30,7 @@ CONFIDENCE = 0.95
 #: A model is compared with the reference's model as trained measured alike: same columns but encoding, variant
 #: and train_lengths (the reference trained at its train_len alone).
 MEASUREMENT = ["train_len", "precision", "split", "eval_mode", "stride", "eval_len"]
-MODEL = ["encoding", "variant", "train_lengths", *MEASUREMENT]
+MODEL = ["encoding", "variant", "train_lengths", "config", *MEASUREMENT]
 COMPARE_COLUMNS = [
     "reference",
     *MODEL,
@@ -69,14 +69,19 @@ def compare_encodings(articles: pd.DataFrame, reference: str) -> pd.DataFrame:
     per_article.csv rows on one footing."""
     is_reference = as_trained(articles, reference)
     reference_at = dict(iter(articles[is_reference].groupby(MEASUREMENT)))
-    rows = []
-    for key, model in articles[~is_reference].groupby(MODEL):
+    rows, model_keys = [], model_columns(articles)
+    for key, model in articles[~is_reference].groupby(model_keys):
         measured = key[-len(MEASUREMENT) :]
         if measured in reference_at:
             pairs, unpaired = paired_seeds(model, reference_at[measured])
-            row = dict(zip(MODEL, key), reference=reference, seeds=len(pairs), unpaired_seeds=unpaired)
+            row = dict(zip(model_keys, key), reference=reference, seeds=len(pairs), unpaired_seeds=unpaired)
             rows.append({**row, **paired_delta(pairs)})
     return pd.DataFrame(rows, columns=COMPARE_COLUMNS).astype({"articles": "Int64"})  # empty without pairs
+
+
+def model_columns(articles: pd.DataFrame) -> list[str]:
+    """The MODEL columns ``articles`` has (rows built by hand may have no config)."""
+    return [c for c in MODEL if c in articles]
 
 
 def as_trained(articles: pd.DataFrame, reference: str) -> pd.Series:
@@ -88,7 +93,7 @@ def article_rows(runs: Runs) -> pd.DataFrame:
     """The rows of every run's per_article.csv, with the run's folder and training lengths, on one footing
     (``normalise``)."""
     frames = [
-        run.tables[PER_ARTICLE].assign(run_dir=str(run.folder), train_lengths=run.train_lengths)
+        run.tables[PER_ARTICLE].assign(run_dir=str(run.folder), train_lengths=run.train_lengths, config=run.config)
         for run in runs.reported
         if PER_ARTICLE in run.tables
     ]
@@ -116,11 +121,11 @@ def check_reference(articles: pd.DataFrame, reference: str, runs: Runs, root: Pa
 
 def check_one_run_per_seed(articles: pd.DataFrame) -> None:
     """Pairing by seed needs one measurement per seed: two runs of the same model and seed stop in one line."""
-    folders = articles.groupby([*MODEL, "seed"])["run_dir"].unique()
+    folders = articles.groupby([*model_columns(articles), "seed"])["run_dir"].unique()
     doubled = folders[folders.map(len) > 1]
     if len(doubled):
         key, (first, second, *_) = next(iter(doubled.items()))
-        model = dict(zip([*MODEL, "seed"], key))
+        model = dict(zip([*model_columns(articles), "seed"], key))
         name = label(model["encoding"], model["variant"], model["train_len"], train_lengths=model["train_lengths"])
         raise PosbenchError(
             f"compare: {name} seed {model['seed']} was measured alike in two runs, {first} and {second}; "
@@ -207,11 +212,12 @@ def compare_markdown(compare: pd.DataFrame, reference: str, uncompared: int) -> 
 def compare_table(compare: pd.DataFrame) -> str:
     """The Markdown rows of ``compare``, by model and eval length."""
     df = compare.sort_values(
-        ["encoding", "variant", "train_len", "precision", "train_lengths", "eval_len"],
+        ["encoding", "variant", "train_len", "precision", "train_lengths", "config", "eval_len"],
         key=lambda column: column.map(natural_key) if column.name == "variant" else column,
     )
     model = ["encoding", "variant", "train_len", *(["precision"] if (df["precision"] != "").any() else [])]
     model += [] if at_train_len_alone(df).all() else ["train_lengths"]
+    model += ["config"] if (df["config"] != "").any() else []
     header = [*model, "eval_len", "seeds", "unpaired", "Δ NLL", f"{CONFIDENCE:.0%} CI", "ppl ratio", "CI excludes 0"]
     rows = []
     for row in df.itertuples():

@@ -109,7 +109,7 @@ def run_numbers(run: Run) -> dict:
     train_len = int(first["train_len"])
     numbers = dict(encoding=first["encoding"], variant=trained_variant(results), train_len=train_len)
     numbers.update(seed=first.get("seed", 0))
-    numbers.update(precision=run.precision, train_lengths=run.train_lengths)
+    numbers.update(precision=run.precision, train_lengths=run.train_lengths, config=run.config)
     numbers.update(window_numbers(results, train_len))
     for name, derive in (
         (CONTEXT_CSV, lambda t: context_numbers(t, train_len)),
@@ -142,7 +142,9 @@ def probe_markdown(numbers: pd.DataFrame) -> list[str]:
         if not present:
             continue
         named = dict(
-            precision=numbers["precision"].astype(bool).any(), train_lengths=not at_train_len_alone(numbers).all()
+            precision=numbers["precision"].astype(bool).any(),
+            train_lengths=not at_train_len_alone(numbers).all(),
+            config=numbers["config"].astype(bool).any(),
         )
         rows, line = [], [c for c in LINE if named.get(c, True)]  # one precision, no mixed lengths: unnamed
         for key, group in sorted(numbers.groupby(line), key=lambda item: line_key(item[0])):

@@ -14,7 +14,7 @@ from ..markdown import markdown_table
 from .collect import RESULTS, TRAIN_LOG, Run, lengths_text
 
 #: The group whose seeds are averaged: one line of a figure, one row of a table.
-LINE = ["encoding", "variant", "train_len", "precision", "train_lengths"]
+LINE = ["encoding", "variant", "train_len", "precision", "train_lengths", "config"]
 POINT = [*LINE, "eval_mode", "split", "eval_len"]
 #: A model whose perplexity at its training length is above this fraction of the unigram
 #: reference has barely learned to use context.
@@ -27,11 +27,11 @@ def normalise(results: pd.DataFrame) -> pd.DataFrame:
     trained at train_len alone)."""
     df = results.copy()
     defaults = dict(variant="", eval_mode="nonoverlapping", seed=0, ppl_beyond=float("nan"), unigram_ppl=float("nan"))
-    defaults.update(precision="")
+    defaults.update(precision="", config="")
     for column, default in defaults.items():
         if column not in df:
             df[column] = default
-    for column in ("variant", "eval_mode", "precision"):
+    for column in ("variant", "eval_mode", "precision", "config"):
         df[column] = df[column].astype("string").fillna(defaults[column]).astype(str)
     if "stride" not in df:
         df["stride"] = df["eval_len"]
@@ -56,9 +56,14 @@ def by_line(df: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
 
 
 def label(
-    encoding: str, variant: str, train_len: int | None = None, precision: str = "", train_lengths: str = ""
+    encoding: str,
+    variant: str,
+    train_len: int | None = None,
+    precision: str = "",
+    train_lengths: str = "",
+    config: str = "",
 ) -> str:
-    name = " ".join(part for part in (encoding, variant, precision) if part)
+    name = " ".join(part for part in (encoding, variant, precision, f"[{config}]" if config else "") if part)
     if train_len is None:
         return name
     return f"{name} (train {train_lengths if train_lengths not in ('', str(train_len)) else train_len})"
@@ -150,8 +155,9 @@ def summary_table(summary: pd.DataFrame, split: str, mode: str, value: str = "pp
         rows[key] = cells
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.names = LINE
-    if (table.index.get_level_values("precision") == "").all():
-        table.index = table.index.droplevel("precision")
+    for unnamed in ("precision", "config"):  # named only where some line has one
+        if (table.index.get_level_values(unnamed) == "").all():
+            table.index = table.index.droplevel(unnamed)
     if at_train_len_alone(table.index.to_frame()).all():
         table.index = table.index.droplevel("train_lengths")
     lengths = sorted(c for c in table.columns if c != "unigram")
@@ -194,7 +200,7 @@ def summary_markdown(
     """summary.md: warnings, a ppl and a ppl_beyond table per split and eval mode, the further ``sections``
     (the paired comparison's, the probes'), the runs (or rows) left out."""
     parts = [
-        f"# posbench report\n\n{results['run_dir'].nunique()} runs under `{root}`. Cells: mean ± sample standard "
+        f"# posbench report\n\n{results['run_id'].nunique()} runs under `{root}`. Cells: mean ± sample standard "
         "deviation over seeds (the `seeds` column of summary.csv says how many); in brackets the change of the "
         "mean relative to the training length; `unigram`: the perplexity of a model that ignores context "
         "(training-split frequencies)."
@@ -264,6 +270,7 @@ def run_curve(run: Run) -> pd.DataFrame | None:
         train_len=results["train_len"].iloc[0],
         precision=run.precision,
         train_lengths=run.train_lengths,
+        config=run.config,
         stopped=valid["step"] == recorded_step(results, "stopped_step"),
         best=valid["step"] == recorded_step(results, "best_step"),
     )
