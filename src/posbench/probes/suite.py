@@ -68,16 +68,22 @@ PROBE_RUNNERS = {"context": context, "window": window, "copy": copy, "attention"
 
 
 def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> None:
-    """Run ``cfg.probes`` on ``model`` and merge their rows into ``out_dir`` (whose lock the caller holds)."""
+    """Run ``cfg.probes`` on ``model`` and merge their rows into ``out_dir`` (whose lock the caller holds).
+
+    The probes see the model as ``evaluate_lengths`` does, in the evaluation-time variant of ``eval.*``
+    (the window probe sets its own window), and their rows are labelled with that variant."""
+    e = cfg.eval
     identity = dict(
         encoding=cfg.encoding.name,
-        variant=variant_of(cfg.encoding, model_cfg=cfg.model),
+        variant=variant_of(cfg.encoding, e, cfg.model),
         train_len=cfg.train_len,
         seed=cfg.seed,
     )
     for name in cfg.probes:
         log.info("probe %s", name)
-        for csv, rows in PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir)).items():
+        with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
+            tables = PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir))
+        for csv, rows in tables.items():
             if csv != RESULTS_CSV:
                 rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=IDENTITY), rows], axis=1)
             if len(rows):
