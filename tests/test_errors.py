@@ -241,6 +241,7 @@ def test_report_skips_unfinished_failed_and_unreadable_runs_and_reports_the_rest
         ("threads=-1", "threads must be a positive integer or null, got -1"),
         ("threads=0", "threads must be a positive integer or null, got 0"),
         ("eval_lens=[]", "eval_lens=[] holds no length"),
+        ("eval_lens=[64,64,64]", "eval_lens must not repeat a length, got [64, 64, 64]"),
         ("eval.splits=[]", "eval.splits must hold some of train, valid, test"),
     ],
 )
@@ -262,8 +263,12 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
         ("train.grad_clip=0", "train.grad_clip must be a positive number, got 0.0"),
         ("train.loss_spike_ratio=1", "train.loss_spike_ratio must be a number above 1, got 1.0"),
         ("train.grad_spike_ratio=nan", "train.grad_spike_ratio must be a number above 1, got nan"),
-        ("train.val_tokens=0", "train.val_tokens must be a positive integer or null, got 0"),
-        ("train.val_tokens=-512", "train.val_tokens must be a positive integer or null, got -512"),
+        ("train.val_tokens=0", "train.val_tokens must be at least 2 (the first token is no target) or null, got 0"),
+        ("train.val_tokens=1", "train.val_tokens must be at least 2 (the first token is no target) or null, got 1"),
+        (
+            "train.val_tokens=-512",
+            "train.val_tokens must be at least 2 (the first token is no target) or null, got -512",
+        ),
         ("seed=-3", "seed must be an integer in [0, 2**64), got -3"),
         ("probe.seed=-1", "probe.seed=-1 must be a non-negative integer"),  # else the probes fail after training
     ],

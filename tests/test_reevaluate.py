@@ -83,3 +83,10 @@ def test_missing_checkpoint_is_one_line(tmp_path, compose_config):
         check_command(compose_config("eval", [f"checkpoint={tmp_path / 'missing'}"]))
     with pytest.raises(PosbenchError, match="eval needs checkpoint=PATH"):
         check_command(compose_config("eval", []))
+    with pytest.raises(PosbenchError, match=f"checkpoint={tmp_path}: the folder holds no {CHECKPOINT}"):
+        check_command(compose_config("eval", [f"checkpoint={tmp_path}"]))
+
+
+def test_a_length_given_twice_is_refused(run, evaluate):
+    with pytest.raises(PosbenchError, match=r"eval_lens must not repeat a length, got \[64, 64, 64\]"):
+        evaluate(run, ["eval_lens=[64,64,64]"])
