@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .costs import check_randomized_positions
 from .data import DataConfig
 from .errors import PosbenchError
 from .logger import check_logger
@@ -295,4 +296,5 @@ def check_config(cfg) -> None:
     check_eval(cfg.eval)
     check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)
+    check_randomized_positions(cfg, resolve_device(cfg.device))  # before building a learned table of them
     check_buildable(cfg.model, cfg.encoding, cfg.train_len)

@@ -13,12 +13,14 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from ..costs import check_copy_probe
 from ..data import Corpus
+from ..errors import PosbenchError
 from ..evaluate import RESULT_KEYS, evaluate_lengths, merge_csv, variant_of
 from .attention import attention_stats, bias_curves
 from .config import probe_config
-from .context import context_usage
-from .copy import copy_probe
+from .context import context_usage, default_contexts
+from .copy import copy_probe, default_distances
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,26 @@ CSV_KEYS = {
 def probe_tokens(corpus: Corpus, cfg: DictConfig):
     """The test split the probes read (its first ``eval.max_tokens`` tokens when that is set)."""
     return corpus.splits["test"][: cfg.eval.max_tokens]
+
+
+def check_probe_data(corpus: Corpus, cfg: DictConfig, device) -> None:
+    """The options of ``cfg.probes`` whose bounds depend on the data, checked once it is loaded: ``train``
+    calls this before its first step, so that a probe cannot fail only after training."""
+    n_tokens, probe = len(probe_tokens(corpus, cfg)), probe_config(cfg.probe)
+    split = f"the test split has {n_tokens} tokens" + (
+        f" (eval.max_tokens={cfg.eval.max_tokens})" if cfg.eval.max_tokens is not None else ""
+    )
+    if "context" in cfg.probes:
+        contexts = probe.contexts or default_contexts(cfg.train_len)
+        if min(contexts) > n_tokens // 2:
+            raise PosbenchError(f"probe.contexts={contexts}: {split}, too few (context k needs 2k tokens); lower them")
+    if "copy" in cfg.probes:
+        distances = [d for d in probe.distances or default_distances(cfg.train_len) if d <= n_tokens]
+        if not distances:
+            raise PosbenchError(f"probe.distances={list(probe.distances)}: {split}, fewer than any distance")
+        check_copy_probe(cfg, corpus.vocab_size, distances, device)
+    if "attention" in cfg.probes and cfg.train_len > n_tokens:
+        raise PosbenchError(f"probes=[attention] reads train_len={cfg.train_len} tokens at least: {split}")
 
 
 def context(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path) -> dict[str, pd.DataFrame]:
