@@ -303,7 +303,7 @@ def test_an_unexpected_exception_is_one_line_and_recorded(tmp_path, capsys):
     [
         (
             OSError(errno.ENOSPC, "No space left on device", "/runs/a/last.pt"),
-            ["/runs/a/last.pt", "free some disk space"],
+            ["/runs/a/last.pt", "free some disk space", "from its last.pt if it saved one"],  # none may exist
         ),
         (
             PermissionError(errno.EACCES, "Permission denied", "/runs/a"),

@@ -73,11 +73,13 @@ def condense_hydra_error(e: Exception) -> str:
 def validate_overrides(config_name: str, overrides: list[str], multirun: bool, check: Callable | None) -> None:
     """Compose the config of every job up front, so a typo fails in a second, not an hour into a sweep."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import OverrideParseException
 
     from .config import CONFIG_DIR, register_configs
 
     register_configs()  # the schemas the YAML files name
     try:
+        check_hydra_sweeps(overrides, multirun)
         jobs = sweep.expand_sweep(overrides) if multirun else [overrides]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name=config_name):
             for job in jobs:
@@ -88,8 +90,28 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
                 check_launcher(compose(config_name, overrides=jobs[0], return_hydra_config=True).hydra.launcher)
     except PosbenchError:
         raise
+    except OverrideParseException as e:
+        key = e.override.split("=")[0]
+        raise PosbenchError(
+            f"{key}: cannot read {e.override!r} ({condense_hydra_error(e).split('; See https')[0]}); a value holding "
+            f"spaces, commas or characters such as ~ & = ( ) needs quotes for Hydra too: \"{key}='VALUE'\""
+        ) from None
     except Exception as e:  # Hydra/OmegaConf composition and parse errors
         raise PosbenchError(condense_hydra_error(e)) from None
+
+
+def check_hydra_sweeps(overrides: list[str], multirun: bool) -> None:
+    """Under -m a comma sweeps; Hydra's own settings (hydra.run.dir, a path with a comma) cannot be swept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not multirun:
+        return
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.key_or_group.startswith("hydra.") and o.is_sweep_override():
+            raise PosbenchError(
+                f"{o.key_or_group}: a comma makes a sweep, and Hydra's own settings cannot be swept; "
+                f"to keep the comma in the value, quote it: \"{o.input_line.split('=')[0]}='VALUE'\""
+            )
 
 
 def check_launcher(launcher) -> None:
