@@ -171,8 +171,12 @@ def _run_hydra(config_name: str, task: Callable, args: list[str], check: Callabl
     sys.argv = [f"posbench {config_name}", *args]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's own failures (e.g. making a folder) reach one_line_errors
     sweep.SweepSummary.failures = 0
-    with one_line_errors(debug):
-        _main()
+    try:
+        with one_line_errors(debug):
+            _main()
+    except sweep.SweepStopped as stop:  # Hydra skipped on_multirun_end: the summary, then the signal's line
+        sweep.summarize(stop.sweep_dir, overrides, stopped=True)
+        return fail(stop.message)
     if sweep.SweepSummary.failures:
         return fail(f"{sweep.SweepSummary.failures} job(s) of the sweep failed (listed above)")
     return 0
