@@ -152,6 +152,8 @@ def _run_hydra(config_name: str, task: Callable, args: list[str], check: Callabl
         multirun = "-m" in args or "--multirun" in args
         try:
             validate_overrides(config_name, overrides, multirun, check)
+            if multirun and config_name in ("eval", "probe"):
+                args = [*args, *sweep.checkpoint_sweep_args(config_name, overrides)]
             args = hydra_run_args(config_name, args)  # under torchrun: rank 0's run folder for every rank
         except PosbenchError as e:
             if debug:

@@ -39,6 +39,22 @@ def data_tag(path: str | None) -> str:
 
 
 OmegaConf.register_new_resolver("posbench_data_tag", data_tag, replace=True)
+OmegaConf.register_new_resolver("posbench_absolute", lambda path: str(Path(path).expanduser().resolve()), replace=True)
+
+
+def checkpoint_sweep_args(config_name: str, overrides: list[str]) -> list[str]:
+    """``-m eval checkpoint=A,B`` (or probe): each job writes into its own run's folder, as a single ``eval``
+    does, and the sweep's log goes to a folder of its own (the sweep folder cannot be one run's folder)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    swept = any(o.key_or_group == "checkpoint" and o.is_sweep_override() for o in parsed)
+    if not swept or any(o.key_or_group.startswith("hydra.sweep.") for o in parsed):
+        return []
+    return [
+        f"hydra.sweep.dir=outputs/multirun/{config_name}/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}",
+        "hydra.sweep.subdir='${posbench_absolute:${posbench_run_dir:${checkpoint}}}'",  # absolute: the run's folder
+    ]
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
