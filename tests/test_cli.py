@@ -132,3 +132,20 @@ def test_an_unquoted_path_names_its_key_and_says_to_quote_it(override, multirun,
     assert str(e.value).startswith(fragment) and "quote" in str(e.value) and "\n" not in str(e.value)
     quoted = f"{override.split('=')[0]}='{override.split('=', 1)[1]}'"
     validate_overrides("train", [quoted], multirun, None)  # what the line says to do works
+
+
+@pytest.mark.slow
+def test_a_refused_train_changes_nothing_in_the_folder(tmp_path, mini_data, posbench, assert_one_line):
+    from posbench.io import lock_run_dir
+
+    run = tmp_path / "run"
+    train = ["train", "experiment=smoke", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.run.dir={run}"]
+    assert posbench(*train).returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log"}
+    assert_one_line(posbench(*train, "seed=1"), "holds a finished run that has another config")
+    with lock_run_dir(run):
+        lock = (run / ".lock").read_bytes()
+        assert_one_line(posbench(*train, "seed=2"), "another posbench process")
+        assert (run / ".lock").read_bytes() == lock
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log" and p.name != ".lock"}
+    assert after == {p: b for p, b in before.items() if p.name != ".lock"}  # .hydra/config.yaml included

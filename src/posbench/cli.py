@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import sweep
-from .errors import PosbenchError, fail, one_line_errors, outlive_closed_pipes
+from .errors import PosbenchError, RunFolderBusy, fail, one_line_errors, outlive_closed_pipes
 
 USAGE = """usage: python -m posbench [-m] COMMAND [ARGS...]
 
@@ -86,6 +86,8 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
                 cfg = compose(config_name, overrides=job)
                 if check:
                     check(cfg)
+            if config_name == "train" and not multirun:
+                check_run_folder(cfg, overrides)
             if multirun:
                 check_launcher(compose(config_name, overrides=jobs[0], return_hydra_config=True).hydra.launcher)
     except PosbenchError:
@@ -112,6 +114,30 @@ def check_hydra_sweeps(overrides: list[str], multirun: bool) -> None:
                 f"{o.key_or_group}: a comma makes a sweep, and Hydra's own settings cannot be swept; "
                 f"to keep the comma in the value, quote it: \"{o.input_line.split('=')[0]}='VALUE'\""
             )
+
+
+def check_run_folder(cfg, overrides: list[str]) -> None:
+    """``train hydra.run.dir=DIR``: a folder that another process holds, or that holds a finished run of another
+    config, is refused before Hydra rewrites its .hydra/ (a refused command changes nothing in the folder)."""
+    import fcntl
+
+    from .io import LOCK_FILE
+    from .resume import finished_run
+
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    run_dir = Path(given[-1].strip("'\"")) if given else None
+    if run_dir is None or not run_dir.is_dir():
+        return
+    if (run_dir / LOCK_FILE).is_file():
+        with open(run_dir / LOCK_FILE) as f:  # read only: the lock file keeps its holder's pid
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RunFolderBusy(
+                    f"another posbench process (pid {f.read().strip() or 'unknown'}) is writing to {run_dir}; "
+                    "wait for it to finish or use another folder"
+                ) from None
+    finished_run(cfg, run_dir)  # raises for a finished run of another config
 
 
 def check_launcher(launcher) -> None:
