@@ -66,12 +66,24 @@ def test_bench_writes_every_encoding_backend_and_length(tmp_path):
         ("backends=[eagre]", "model.attention must be one of"),
         ("device=banana", "device"),
         ("precisions=[fp16]", "precision must be one of auto, fp32, bf16, got 'fp16'"),
+        ("encodings=[]", "encodings=[] names nothing to measure; encodings=null measures every encoding"),
+        ("backends=[]", "backends=[] names nothing to measure"),
+        ("precisions=[]", "precisions=[] names nothing to measure"),
+        ("encodings=[alibi,alibi]", "encodings names alibi more than once, got ['alibi', 'alibi']"),
+        ("backends=[sdpa,eager,sdpa]", "backends names sdpa more than once"),
+        ("eval_lens=[16,16]", "eval_lens names 16 more than once, got [16, 16]"),
     ],
 )
 def test_bad_numbers_and_names_fail_before_anything_is_measured(override, message):
     with pytest.raises(PosbenchError) as e:
         check_bench(bench_config(override))
     assert message in str(e.value)
+
+
+def test_no_eval_lens_times_training_alone_but_not_nothing():
+    check_bench(bench_config("eval_lens=[]"))
+    with pytest.raises(PosbenchError, match=r"eval_lens=\[\] names nothing to measure \(with train_steps=0"):
+        check_bench(bench_config("eval_lens=[]", "train_steps=0"))
 
 
 def test_evaluation_only_bench_has_no_training_table(tmp_path):

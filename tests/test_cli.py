@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from posbench.cli import main, report_options
+from posbench.cli import main, report_options, validate_overrides
 from posbench.errors import PosbenchError
 from posbench.report import Selection
 
@@ -116,3 +116,36 @@ def test_report_on_an_empty_folder_is_one_line(tmp_path, posbench):
     result = posbench("report", str(tmp_path))
     assert result.returncode == 2
     assert "no finished runs" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "override, multirun, fragment",
+    [
+        ("hydra.run.dir=~/runs/a b", False, "hydra.run.dir: cannot read 'hydra.run.dir=~/runs/a b'"),
+        ("hydra.run.dir=runs/a=b", False, "hydra.run.dir: cannot read 'hydra.run.dir=runs/a=b'"),
+        ("hydra.sweep.dir=runs/a,b", True, "hydra.sweep.dir: a comma makes a sweep, and Hydra's own settings cannot"),
+    ],
+)
+def test_an_unquoted_path_names_its_key_and_says_to_quote_it(override, multirun, fragment):
+    with pytest.raises(PosbenchError) as e:
+        validate_overrides("train", [override], multirun, None)
+    assert str(e.value).startswith(fragment) and "quote" in str(e.value) and "\n" not in str(e.value)
+    quoted = f"{override.split('=')[0]}='{override.split('=', 1)[1]}'"
+    validate_overrides("train", [quoted], multirun, None)  # what the line says to do works
+
+
+@pytest.mark.slow
+def test_a_refused_train_changes_nothing_in_the_folder(tmp_path, mini_data, posbench, assert_one_line):
+    from posbench.io import lock_run_dir
+
+    run = tmp_path / "run"
+    train = ["train", "experiment=smoke", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.run.dir={run}"]
+    assert posbench(*train).returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log"}
+    assert_one_line(posbench(*train, "seed=1"), "holds a finished run that has another config")
+    with lock_run_dir(run):
+        lock = (run / ".lock").read_bytes()
+        assert_one_line(posbench(*train, "seed=2"), "another posbench process")
+        assert (run / ".lock").read_bytes() == lock
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log" and p.name != ".lock"}
+    assert after == {p: b for p, b in before.items() if p.name != ".lock"}  # .hydra/config.yaml included

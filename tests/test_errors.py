@@ -242,6 +242,7 @@ def test_report_skips_unfinished_failed_and_unreadable_runs_and_reports_the_rest
         ("threads=-1", "threads must be a positive integer or null, got -1"),
         ("threads=0", "threads must be a positive integer or null, got 0"),
         ("eval_lens=[]", "eval_lens=[] holds no length"),
+        ("eval_lens=[64,64,64]", "eval_lens must not repeat a length, got [64, 64, 64]"),
         ("eval.splits=[]", "eval.splits must hold some of train, valid, test"),
     ],
 )
@@ -263,8 +264,12 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
         ("train.grad_clip=0", "train.grad_clip must be a positive number, got 0.0"),
         ("train.loss_spike_ratio=1", "train.loss_spike_ratio must be a number above 1, got 1.0"),
         ("train.grad_spike_ratio=nan", "train.grad_spike_ratio must be a number above 1, got nan"),
-        ("train.val_tokens=0", "train.val_tokens must be a positive integer or null, got 0"),
-        ("train.val_tokens=-512", "train.val_tokens must be a positive integer or null, got -512"),
+        ("train.val_tokens=0", "train.val_tokens must be at least 2 (the first token is no target) or null, got 0"),
+        ("train.val_tokens=1", "train.val_tokens must be at least 2 (the first token is no target) or null, got 1"),
+        (
+            "train.val_tokens=-512",
+            "train.val_tokens must be at least 2 (the first token is no target) or null, got -512",
+        ),
         ("seed=-3", "seed must be an integer in [0, 2**64), got -3"),
         ("probe.seed=-1", "probe.seed=-1 must be a non-negative integer"),  # else the probes fail after training
     ],
@@ -299,7 +304,7 @@ def test_an_unexpected_exception_is_one_line_and_recorded(tmp_path, capsys):
     [
         (
             OSError(errno.ENOSPC, "No space left on device", "/runs/a/last.pt"),
-            ["/runs/a/last.pt", "free some disk space"],
+            ["/runs/a/last.pt", "free some disk space", "from its last.pt if it saved one"],  # none may exist
         ),
         (
             PermissionError(errno.EACCES, "Permission denied", "/runs/a"),

@@ -64,6 +64,19 @@ def test_the_window_probe_at_eval_len_equals_the_plain_evaluation(tmp_path, save
     assert "yarn×2+window64" in set(read(run / "results.csv")["variant"])
 
 
+def test_probes_run_in_the_evaluation_time_variant_and_are_labelled_by_it(tmp_path, saved_run, probe):
+    plain, windowed = saved_run(tmp_path / "plain"), saved_run(tmp_path / "windowed")
+    probe(plain, ["probes=[context,copy,attention]"])
+    probe(windowed, ["probes=[context,copy,attention]", "eval.window=4", "eval.attn_temperature=1.5"])
+    for name in (CONTEXT_CSV, COPY_CSV, ATTENTION_CSV):
+        assert set(read(windowed / name)["variant"]) == {"window4+temp1.5"}, name
+    attention = read(windowed / ATTENTION_CSV)
+    assert attention["mean_distance"].max() < 4
+    at = lambda run: read(run / CONTEXT_CSV).query("subset == 'all'").set_index("context")["nll"]  # noqa: E731
+    assert at(windowed)[512] != at(plain)[512]
+    assert (read(windowed / COPY_CSV)["nll_copy"] != read(plain / COPY_CSV)["nll_copy"]).all()
+
+
 def test_learned_beyond_its_table_gives_unsupported_rows(tmp_path, saved_run, probe):
     run = saved_run(tmp_path / "run", encoding="learned")
     probe(run, ["probes=[context,copy,attention]"])

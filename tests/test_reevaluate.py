@@ -83,3 +83,25 @@ def test_missing_checkpoint_is_one_line(tmp_path, compose_config):
         check_command(compose_config("eval", [f"checkpoint={tmp_path / 'missing'}"]))
     with pytest.raises(PosbenchError, match="eval needs checkpoint=PATH"):
         check_command(compose_config("eval", []))
+    with pytest.raises(PosbenchError, match=f"checkpoint={tmp_path}: the folder holds no {CHECKPOINT}"):
+        check_command(compose_config("eval", [f"checkpoint={tmp_path}"]))
+
+
+def test_a_length_given_twice_is_refused(run, evaluate):
+    with pytest.raises(PosbenchError, match=r"eval_lens must not repeat a length, got \[64, 64, 64\]"):
+        evaluate(run, ["eval_lens=[64,64,64]"])
+
+
+@pytest.mark.slow
+def test_a_sweep_over_checkpoints_evaluates_each_into_its_own_run(tmp_path, saved_run, posbench):
+    first, second = saved_run(tmp_path / "a"), saved_run(tmp_path / "b", encoding="alibi")
+    done = posbench(
+        "-m", "eval", f"checkpoint={first},{second}", "eval_lens=[32]", "eval.max_tokens=600", "eval.splits=[test]",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ": 2 finished, 0 failed" in done.stderr
+    for run, encoding in ((first, "rope"), (second, "alibi")):
+        results = pd.read_csv(run / "results.csv")
+        assert list(results["encoding"]) == [encoding] and list(results["eval_len"]) == [32]
+        assert (run / ".hydra" / "eval" / "config.yaml").is_file()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -65,6 +69,37 @@ def test_a_failed_job_does_not_stop_the_sweep_and_a_relaunch_retries_only_it(tmp
     assert (finished / "results.csv").stat().st_mtime_ns == first_results  # finished job skipped, not rerun
     assert not (failed / "error.txt").exists()
     assert (pd.read_csv(failed / "results.csv")["status"] == "ok").all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_whole_sweep_with_its_summary(tmp_path, mini_data, signum):
+    sweep_dir = tmp_path / "sweep"
+    args = [
+        *SMOKE,
+        f"data.path={mini_data}",
+        "train.steps=100000",
+        "train.eval_every=100000",
+        "train.checkpoint_every=1",
+    ]
+    command = [sys.executable, "-m", "posbench", "-m", "train", *args, "seed=0,1,2", f"hydra.sweep.dir={sweep_dir}"]
+    environ = dict(os.environ, OMP_NUM_THREADS="1")
+    process = subprocess.Popen(command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = next(sweep_dir.glob("*seed=0*"), None) if sweep_dir.exists() else None
+    deadline = time.monotonic() + 120
+    while not (first and (first / "last.pt").exists()) and time.monotonic() < deadline:  # the first job trains
+        time.sleep(0.2)
+        first = next(sweep_dir.glob("*seed=0*"), None) if sweep_dir.exists() else None
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr and "Error executing job" not in stderr, stderr[-3000:]
+    assert f"sweep {sweep_dir}: 0 finished, 1 failed" in stderr and "2 job(s) not started" in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"posbench: error: stopped by {signal.Signals(signum).name} at step "), last
+    assert [p.name for p in sweep_dir.iterdir() if p.is_dir()] == [first.name]  # later jobs never ran
+    assert not list(sweep_dir.rglob("results.csv"))
 
 
 def test_a_job_is_named_relative_to_a_relative_sweep_folder(tmp_path, monkeypatch):

@@ -138,6 +138,7 @@ def test_random_lengths_resume_to_the_uninterrupted_numbers(mixed_config, tmp_pa
         (["train.lengths=[12,32]"], "train.lengths: [12] cannot keep tokens per step equal"),
         (["train.lengths=[5,7,32]", "train.batch_size=2"], "[5, 7] cannot keep tokens per step equal"),
         (["train.length_order=shortest"], "train.length_order must be one of random, curriculum, got 'shortest'"),
+        (["train.length_order=curriculum"], "train.length_order=curriculum orders train.lengths, which is not given"),
     ],
 )
 def test_bad_lengths_are_refused_naming_the_key(compose_config, overrides, message):

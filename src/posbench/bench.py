@@ -92,6 +92,10 @@ def check_bench(cfg) -> None:
     for key in ("train_steps", "warmup"):
         if cfg[key] < 0:
             raise PosbenchError(f"{key} must be 0 or more, got {cfg[key]}")
+    for key in ("encodings", "backends", "precisions"):
+        check_bench_list(key, cfg[key])
+    if cfg.eval_lens or not cfg.train_steps:  # eval_lens=[] times training alone
+        check_bench_list("eval_lens", cfg.eval_lens)
     if any(n < 1 for n in cfg.eval_lens):
         raise PosbenchError(f"eval_lens must hold positive integers, got {list(cfg.eval_lens)}")
     unknown = [e for e in cfg.encodings or () if e not in ENCODINGS]
@@ -107,6 +111,21 @@ def check_bench(cfg) -> None:
                 ENCODINGS[name][0](),
                 cfg.train_len,
             )
+
+
+def check_bench_list(key: str, values) -> None:
+    """A list of what to measure names something, each once: ``[]`` would measure nothing (or, for encodings,
+    everything, as ``null`` does) and a repeat would measure the same thing twice."""
+    if values is None:  # encodings=null: every encoding
+        return
+    values = list(values)
+    if not values:
+        every = "; encodings=null measures every encoding" if key == "encodings" else ""
+        alone = " (with train_steps=0 nothing is trained either)" if key == "eval_lens" else ""
+        raise PosbenchError(f"{key}=[] names nothing to measure{alone}{every}")
+    repeated = sorted({str(v) for v in values if values.count(v) > 1})
+    if repeated:
+        raise PosbenchError(f"{key} names {', '.join(repeated)} more than once, got {values}")
 
 
 def register_bench_config() -> None:

@@ -73,23 +73,61 @@ def condense_hydra_error(e: Exception) -> str:
 def validate_overrides(config_name: str, overrides: list[str], multirun: bool, check: Callable | None) -> None:
     """Compose the config of every job up front, so a typo fails in a second, not an hour into a sweep."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import OverrideParseException
 
     from .config import CONFIG_DIR, register_configs
 
     register_configs()  # the schemas the YAML files name
     try:
+        check_hydra_sweeps(overrides, multirun)
         jobs = sweep.expand_sweep(overrides) if multirun else [overrides]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name=config_name):
             for job in jobs:
                 cfg = compose(config_name, overrides=job)
                 if check:
                     check(cfg)
+            if config_name == "train" and not multirun:
+                check_run_folder(cfg, overrides)
             if multirun:
                 check_launcher(compose(config_name, overrides=jobs[0], return_hydra_config=True).hydra.launcher)
     except PosbenchError:
         raise
+    except OverrideParseException as e:
+        key = e.override.split("=")[0]
+        raise PosbenchError(
+            f"{key}: cannot read {e.override!r} ({condense_hydra_error(e).split('; See https')[0]}); a value holding "
+            f"spaces, commas or characters such as ~ & = ( ) needs quotes for Hydra too: \"{key}='VALUE'\""
+        ) from None
     except Exception as e:  # Hydra/OmegaConf composition and parse errors
         raise PosbenchError(condense_hydra_error(e)) from None
+
+
+def check_hydra_sweeps(overrides: list[str], multirun: bool) -> None:
+    """Under -m a comma sweeps; Hydra's own settings (hydra.run.dir, a path with a comma) cannot be swept."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not multirun:
+        return
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.key_or_group.startswith("hydra.") and o.is_sweep_override():
+            raise PosbenchError(
+                f"{o.key_or_group}: a comma makes a sweep, and Hydra's own settings cannot be swept; "
+                f"to keep the comma in the value, quote it: \"{o.input_line.split('=')[0]}='VALUE'\""
+            )
+
+
+def check_run_folder(cfg, overrides: list[str]) -> None:
+    """``train hydra.run.dir=DIR``: a folder that another process holds, or that holds a finished run of another
+    config, is refused before Hydra rewrites its .hydra/ (a refused command changes nothing in the folder)."""
+    from .resume import finished_run
+    from .runfolder import check_free
+
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("hydra.run.dir=")]
+    run_dir = Path(given[-1].strip("'\"")) if given else None
+    if run_dir is None or not run_dir.is_dir():
+        return
+    check_free(run_dir)
+    finished_run(cfg, run_dir)  # raises for a finished run of another config
 
 
 def check_launcher(launcher) -> None:
@@ -130,6 +168,8 @@ def _run_hydra(config_name: str, task: Callable, args: list[str], check: Callabl
         multirun = "-m" in args or "--multirun" in args
         try:
             validate_overrides(config_name, overrides, multirun, check)
+            if multirun and config_name in ("eval", "probe"):
+                args = [*args, *sweep.checkpoint_sweep_args(config_name, overrides)]
             args = hydra_run_args(config_name, args)  # under torchrun: rank 0's run folder for every rank
         except PosbenchError as e:
             if debug:
@@ -149,8 +189,12 @@ def _run_hydra(config_name: str, task: Callable, args: list[str], check: Callabl
     sys.argv = [f"posbench {config_name}", *args]
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's own failures (e.g. making a folder) reach one_line_errors
     sweep.SweepSummary.failures = 0
-    with one_line_errors(debug):
-        _main()
+    try:
+        with one_line_errors(debug):
+            _main()
+    except sweep.SweepStopped as stop:  # Hydra skipped on_multirun_end: the summary, then the signal's line
+        sweep.summarize(stop.sweep_dir, overrides, stopped=True)
+        return fail(stop.message)
     if sweep.SweepSummary.failures:
         return fail(f"{sweep.SweepSummary.failures} job(s) of the sweep failed (listed above)")
     return 0

@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .costs import check_randomized_positions
 from .data import DataConfig
 from .errors import PosbenchError
 from .logger import check_logger
@@ -189,6 +190,8 @@ def check_lengths(key: str, values: list) -> None:
         raise PosbenchError(f"{key}=[] holds no length; give at least one ({key}=null: {NULL_LENGTHS[key]})")
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
         raise PosbenchError(f"{key} must hold positive integers, got {values if key in NULL_LENGTHS else values[0]}")
+    if len(set(values)) < len(values):  # a length measured twice would be written twice under one key
+        raise PosbenchError(f"{key} must not repeat a length, got {values}")
 
 
 def train_lengths_of(cfg) -> list[int]:
@@ -211,11 +214,11 @@ def check_train_lengths(cfg) -> None:
     if t.length_order not in LENGTH_ORDERS:
         raise PosbenchError(f"train.length_order must be one of {', '.join(LENGTH_ORDERS)}, got {t.length_order!r}")
     if t.lengths is None:
+        if t.length_order != "random":  # one length has no order: the curriculum would be silently ignored
+            raise PosbenchError(f"train.length_order={t.length_order} orders train.lengths, which is not given")
         return
     lengths = list(t.lengths)
     check_lengths("train.lengths", lengths)
-    if len(set(lengths)) < len(lengths):
-        raise PosbenchError(f"train.lengths must not repeat a length, got {lengths}")
     if max(lengths) != cfg.train_len:
         raise PosbenchError(
             f"train.lengths={lengths} needs train_len={max(lengths)}, its longest (the length results.csv "
@@ -252,8 +255,10 @@ def check_train(cfg) -> None:
     for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
         if t[key] < 1:
             raise PosbenchError(f"train.{key} must be a positive integer, got {t[key]}")
-    if t.val_tokens is not None and t.val_tokens < 1:  # a slice [:0] or [:-n] would validate on the wrong tokens
-        raise PosbenchError(f"train.val_tokens must be a positive integer or null, got {t.val_tokens}")
+    if t.val_tokens is not None and t.val_tokens < 2:  # [:0] or [:-n] validates on the wrong tokens, [:1] on none
+        raise PosbenchError(
+            f"train.val_tokens must be at least 2 (the first token is no target) or null, got {t.val_tokens}"
+        )
     if not 0 <= cfg.seed < 2**64:  # numpy's generators take no negative seed, torch none past 64 bits
         raise PosbenchError(f"seed must be an integer in [0, 2**64), got {cfg.seed}")
     check_optimizer(t)
@@ -291,4 +296,5 @@ def check_config(cfg) -> None:
     check_eval(cfg.eval)
     check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)
+    check_randomized_positions(cfg, resolve_device(cfg.device))  # before building a learned table of them
     check_buildable(cfg.model, cfg.encoding, cfg.train_len)

@@ -72,7 +72,7 @@ def fail(message: str) -> int:
 
 #: What to do about an OS error, by errno.
 OS_ERROR_HINTS = {
-    errno.ENOSPC: "free some disk space, then run the same command again (a run resumes from its last.pt)",
+    errno.ENOSPC: "free some disk space, then run the same command (train goes on from its last.pt if it saved one)",
     errno.EDQUOT: "free some space in your quota, then run the same command again",
     errno.EROFS: "the file system is read-only; write elsewhere (hydra.run.dir=DIR or hydra.sweep.dir=DIR)",
     errno.EACCES: "check its permissions, or write elsewhere (hydra.run.dir=DIR or hydra.sweep.dir=DIR)",

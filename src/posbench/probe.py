@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from .errors import PosbenchError
 from .probes.config import PROBES, ProbeConfig, check_probes
-from .probes.suite import run_probes
+from .probes.suite import check_probe_data, run_probes
 from .reevaluate import EvalCommandConfig, check_command, command_line_keys, load_run, register
 from .runfolder import lock_run_dir
 
@@ -44,6 +44,7 @@ def probe_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> Non
     check_probe_command(command)
     run = load_run(command, keys)
     run.cfg.probes, run.cfg.probe = command.probes, command.probe
+    check_probe_data(run.corpus, run.cfg, run.device)
     with lock_run_dir(Path(out_dir)):
         run.taken_into(Path(out_dir))
         run_probes(run.model, run.corpus, run.cfg, run.device, Path(out_dir), run.state)

@@ -94,7 +94,11 @@ def check_command(cfg) -> None:
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise PosbenchError("eval needs checkpoint=PATH (a checkpoint.pt or the run folder holding one)")
     path = Path(cfg.checkpoint)
-    if not (path / CHECKPOINT if path.is_dir() else path).is_file():
+    if path.is_dir() and not (path / CHECKPOINT).is_file():
+        raise PosbenchError(
+            f"checkpoint={path}: the folder holds no {CHECKPOINT} (a run saves it at its first validation)"
+        )
+    if not path.is_dir() and not path.is_file():
         raise PosbenchError(f"checkpoint {path} does not exist")
     check_eval(cfg.eval)
 

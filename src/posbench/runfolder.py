@@ -262,16 +262,30 @@ def lock_run_dir(run_dir: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "unknown"
-            raise RunFolderBusy(
-                f"another posbench process (pid {holder}) is writing to {run_dir}; "
-                "wait for it to finish or use another folder"
-            ) from None
+            raise busy(run_dir, f.read().strip()) from None
         f.truncate(0)
         f.write(f"{os.getpid()}\n")
         f.flush()
         remove_orphaned_temp_files(run_dir)
         yield
+
+
+def check_free(run_dir: Path) -> None:
+    """RunFolderBusy if another process holds ``run_dir``, found without taking or changing anything there."""
+    if not (Path(run_dir) / LOCK_FILE).is_file():
+        return
+    with open(Path(run_dir) / LOCK_FILE) as f:  # read only: the lock file keeps its holder's pid
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy(run_dir, f.read().strip()) from None
+
+
+def busy(run_dir: Path, holder: str) -> RunFolderBusy:
+    return RunFolderBusy(
+        f"another posbench process (pid {holder or 'unknown'}) is writing to {run_dir}; "
+        "wait for it to finish or use another folder"
+    )
 
 
 def remove_orphaned_temp_files(folder: Path) -> None:

@@ -39,6 +39,22 @@ def data_tag(path: str | None) -> str:
 
 
 OmegaConf.register_new_resolver("posbench_data_tag", data_tag, replace=True)
+OmegaConf.register_new_resolver("posbench_absolute", lambda path: str(Path(path).expanduser().resolve()), replace=True)
+
+
+def checkpoint_sweep_args(config_name: str, overrides: list[str]) -> list[str]:
+    """``-m eval checkpoint=A,B`` (or probe): each job writes into its own run's folder, as a single ``eval``
+    does, and the sweep's log goes to a folder of its own (the sweep folder cannot be one run's folder)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    swept = any(o.key_or_group == "checkpoint" and o.is_sweep_override() for o in parsed)
+    if not swept or any(o.key_or_group.startswith("hydra.sweep.") for o in parsed):
+        return []
+    return [
+        f"hydra.sweep.dir=outputs/multirun/{config_name}/${{now:%Y-%m-%d}}/${{now:%H-%M-%S}}",
+        "hydra.sweep.subdir='${posbench_absolute:${posbench_run_dir:${checkpoint}}}'",  # absolute: the run's folder
+    ]
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:
@@ -57,17 +73,28 @@ def append_line(sweep_dir: Path, line: str) -> None:
         f.write(line.replace("\n", " ") + "\n")
 
 
+class SweepStopped(BaseException):
+    """Ctrl-C or a signal in a job of an in-process sweep: not an ``Exception``, so that Hydra, which records
+    a job's exception and launches the next job, lets it through and the whole sweep stops."""
+
+    def __init__(self, message: str, sweep_dir: Path):
+        super().__init__(message)
+        self.message, self.sweep_dir = message, sweep_dir
+
+
 def run_job(task, cfg, run_dir: Path, sweep_dir: Path) -> None:
     """One job of a sweep: a failure goes to the sweep log and one line (training also keeps it in the run's
-    error.txt), and the sweep goes on; Ctrl-C or a signal stops the whole sweep, and ``debug=true`` stops it
-    with the traceback."""
+    error.txt), and the sweep goes on; Ctrl-C or a signal stops the whole sweep (``SweepStopped``), and
+    ``debug=true`` stops it with the traceback."""
     try:
         task(cfg, run_dir)
     except (Exception, KeyboardInterrupt) as e:
         message = describe(e)
         record_job(sweep_dir, run_dir, message)
-        if cfg.get("debug", False) or isinstance(e, (KeyboardInterrupt, Interrupted)):
+        if cfg.get("debug", False):
             raise
+        if isinstance(e, (KeyboardInterrupt, Interrupted)):
+            raise SweepStopped(message, sweep_dir) from None
         print(f"posbench: job {run_dir} failed: {message}", file=sys.stderr)
         return
     record_job(sweep_dir, run_dir, None)
@@ -101,14 +128,20 @@ class SweepSummary(Callback):
         append_line(Path(config.hydra.sweep.dir), f"{LAUNCH_MARK}{time.strftime('%Y-%m-%d %H:%M:%S')}")
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        finished, failed = outcomes(sweep_dir)
-        silent = len(expand_sweep(list(config.hydra.overrides.task))) - finished - len(failed)
-        lines = [f"sweep {sweep_dir}: {finished} finished, {len(failed)} failed"]
-        lines += [f"  failed {line}" for line in failed]
-        if silent > 0:
-            lines.append(f"  {silent} job(s) did not report (killed?); see their folders")
-        if failed or silent > 0:
-            lines.append("  fix the cause and run the same command again: finished jobs are skipped")
-        print("\n".join(lines), file=sys.stderr)
-        SweepSummary.failures = len(failed) + max(silent, 0)
+        SweepSummary.failures = summarize(Path(config.hydra.sweep.dir), list(config.hydra.overrides.task))
+
+
+def summarize(sweep_dir: Path, task_overrides: list[str], stopped: bool = False) -> int:
+    """Print how many jobs of the launch finished and failed (each failure with its line); returns the
+    number that failed or never reported. ``stopped``: a signal stopped the sweep, so those never started."""
+    finished, failed = outcomes(sweep_dir)
+    silent = len(expand_sweep(task_overrides)) - finished - len(failed)
+    lines = [f"sweep {sweep_dir}: {finished} finished, {len(failed)} failed"]
+    lines += [f"  failed {line}" for line in failed]
+    if silent > 0:
+        why = "not started: the sweep was stopped" if stopped else "did not report (killed?); see their folders"
+        lines.append(f"  {silent} job(s) {why}")
+    if failed or silent > 0:
+        lines.append("  fix the cause and run the same command again: finished jobs are skipped")
+    print("\n".join(lines), file=sys.stderr)
+    return len(failed) + max(silent, 0)

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import save_checkpoint
 from .config import check_config, train_lengths_of
+from .costs import warn_randomized_positions
 from .data import Corpus, load_corpus
 from .errors import Interrupted, PosbenchError
 from .evaluate import evaluate_lengths, score_nonoverlapping
@@ -38,7 +39,7 @@ from .logger import Logger, open_logger
 from .model import LanguageModel
 from .optim import make_optimizer, make_scheduler
 from .probes.copy import with_copies
-from .probes.suite import run_probes
+from .probes.suite import check_probe_data, run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
 from .runfolder import (
     CHECKPOINT,
@@ -189,6 +190,8 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     seed_everything(cfg.seed)
     corpus = load_corpus(cfg.data)
     check_splits(corpus, cfg, validates=world.is_main)  # before building anything; it draws no random numbers
+    check_probe_data(corpus, cfg, device)  # a probe's bound on the data fails now, not after training
+    warn_randomized_positions(cfg)
     precision, why = resolve_precision(cfg.precision, device)
     model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
     log.info(

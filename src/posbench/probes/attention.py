@@ -50,9 +50,10 @@ def observing(model: nn.Module, observer):
 
 
 @torch.no_grad()
-def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int) -> dict[str, Tensor]:
+def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int, **reach) -> dict[str, Tensor]:
     """Entropy, mean distance and mass beyond train_len per head (each (H,), float64) of one sequence's
-    attention, q and k (H, T, hd) already rotated; see the module for the definitions."""
+    attention, q and k (H, T, hd) already rotated; see the module for the definitions. ``reach``: the
+    ``window``, ``blockwise`` and ``sink`` of ``causal_mask`` the attention was evaluated with."""
     heads, length, head_dim = q.shape
     pos = torch.arange(length, device=q.device)
     per_block = max(1, MASK_BUDGET // (4 * heads * length))
@@ -60,7 +61,7 @@ def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int)
     for s in range(0, length, per_block):
         e = min(length, s + per_block)  # queries s..e-1 see keys 0..e-1
         scores = (q[:, s:e] @ k[:, :e].transpose(-2, -1)).float() * head_dim**-0.5
-        p = (scores + causal_mask(encoding, pos[s:e], pos[:e])[0]).softmax(-1)  # (H, e - s, e)
+        p = (scores + causal_mask(encoding, pos[s:e], pos[:e], **reach)[0]).softmax(-1)  # (H, e - s, e)
         back = (pos[s:e, None] - pos[None, :e]).clamp(min=0)  # (e - s, e)
         entropy += torch.special.entr(p).sum((-1, -2)).double()
         distance += (p * back).sum((-1, -2)).double()
@@ -76,9 +77,12 @@ def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int)
 
 @torch.no_grad()
 def stats_by_layer(model: nn.Module, window: Tensor, train_len: int) -> list[dict[str, Tensor]]:
-    """``head_stats`` of every layer of ``model`` reading ``window`` (1-D), in one forward pass."""
+    """``head_stats`` of every layer of ``model`` reading ``window`` (1-D), in one forward pass, attending
+    as the model's evaluation-time variant asks (``Attention.evaluated_as``)."""
+    a = model.attention
+    reach = dict(window=a.window, blockwise=a.blockwise, sink=a.sink)
     layers: list[dict[str, Tensor]] = []
-    with observing(model, lambda q, k: layers.append(head_stats(model.encoding, q[0], k[0], train_len))):
+    with observing(model, lambda q, k: layers.append(head_stats(model.encoding, q[0], k[0], train_len, **reach))):
         model(window[None].to(device_of(model)))
     return layers
 

@@ -13,13 +13,15 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from ..costs import check_copy_probe
 from ..data import Corpus
+from ..errors import PosbenchError
 from ..evaluate import evaluate_lengths, variant_of
 from ..runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, PROBE_IDENTITY, RESULTS, ModelState, merge_rows
 from .attention import attention_stats, bias_curves
 from .config import probe_config
-from .context import context_usage
-from .copy import copy_probe
+from .context import context_usage, default_contexts
+from .copy import copy_probe, default_distances
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,26 @@ Tables = dict[str, pd.DataFrame]
 def probe_tokens(corpus: Corpus, cfg: DictConfig):
     """The test split the probes read (its first ``eval.max_tokens`` tokens when that is set)."""
     return corpus.splits["test"][: cfg.eval.max_tokens]
+
+
+def check_probe_data(corpus: Corpus, cfg: DictConfig, device) -> None:
+    """The options of ``cfg.probes`` whose bounds depend on the data, checked once it is loaded: ``train``
+    calls this before its first step, so that a probe cannot fail only after training."""
+    n_tokens, probe = len(probe_tokens(corpus, cfg)), probe_config(cfg.probe)
+    split = f"the test split has {n_tokens} tokens" + (
+        f" (eval.max_tokens={cfg.eval.max_tokens})" if cfg.eval.max_tokens is not None else ""
+    )
+    if "context" in cfg.probes:
+        contexts = probe.contexts or default_contexts(cfg.train_len)
+        if min(contexts) > n_tokens // 2:
+            raise PosbenchError(f"probe.contexts={contexts}: {split}, too few (context k needs 2k tokens); lower them")
+    if "copy" in cfg.probes:
+        distances = [d for d in probe.distances or default_distances(cfg.train_len) if d <= n_tokens]
+        if not distances:
+            raise PosbenchError(f"probe.distances={list(probe.distances)}: {split}, fewer than any distance")
+        check_copy_probe(cfg, corpus.vocab_size, distances, device)
+    if "attention" in cfg.probes and cfg.train_len > n_tokens:
+        raise PosbenchError(f"probes=[attention] reads train_len={cfg.train_len} tokens at least: {split}")
 
 
 def context(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
@@ -58,16 +80,22 @@ PROBE_RUNNERS = {"context": context, "window": window, "copy": copy, "attention"
 
 def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> None:
     """Run ``cfg.probes`` on ``model`` (in ``state``) and merge their rows into ``out_dir`` (whose lock the
-    caller holds)."""
+    caller holds).
+
+    The probes see the model as ``evaluate_lengths`` does, in the evaluation-time variant of ``eval.*``
+    (the window probe sets its own window), and their rows are labelled with that variant."""
+    e = cfg.eval
     identity = dict(
         encoding=cfg.encoding.name,
-        variant=variant_of(cfg.encoding, model_cfg=cfg.model),
+        variant=variant_of(cfg.encoding, e, cfg.model),
         train_len=cfg.train_len,
         seed=cfg.seed,
     )
     for name in cfg.probes:
         log.info("probe %s", name)
-        for csv, rows in PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state).items():
+        with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
+            tables = PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state)
+        for csv, rows in tables.items():
             if csv != RESULTS:
                 rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=PROBE_IDENTITY), rows], axis=1)
             if len(rows):
