@@ -184,6 +184,8 @@ archive() {
         dest="$ARCHIVE/${run#"$OUT"/}"
         mkdir -p "$dest"
         (cd "$run" && find . -type f \( -name '*.csv' -o -name '*.log' -o -name '*.yaml' \) -exec cp --parents -t "$dest" {} +)
+        # the per-position and per-article rows are most of a run's bytes: kept gzipped (every reader takes .csv.gz)
+        find "$dest" -maxdepth 1 \( -name per_position.csv -o -name per_article.csv \) -exec gzip -9nf {} +
     done
 }
 

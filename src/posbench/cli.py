@@ -28,7 +28,7 @@ commands:
   eval     evaluate a saved run again without retraining: checkpoint=PATH 'eval_lens=[...]'
            eval.mode=sliding eval.stride=S, rope.scaling.type=linear|ntk|dynamic|yarn rope.scaling.factor=F
   probe    does a saved run read its context? checkpoint=PATH 'probes=[context,window,copy,attention]'
-           (the default: all four; README, "Probes"), probe.targets=N probe.trials=N eval.window=W
+           (the default: all four; docs/probes.md), probe.targets=N probe.trials=N eval.window=W
   report   DIR: tables (summary.md, summary.csv: mean ± std over seeds) and figures (ppl_vs_length,
            per_position_loss, training_curves; PNG and SVG) from every run below DIR;
            DIR compare=ENCODING adds compare.csv: NLL differences against ENCODING with bootstrap CIs;
@@ -76,20 +76,23 @@ def validate_overrides(config_name: str, overrides: list[str], multirun: bool, c
     from hydra.errors import OverrideParseException
 
     from .config import CONFIG_DIR, register_configs
+    from .costs import announce_sweep
 
     register_configs()  # the schemas the YAML files name
     try:
         check_hydra_sweeps(overrides, multirun)
         jobs = sweep.expand_sweep(overrides) if multirun else [overrides]
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3", job_name=config_name):
-            for job in jobs:
-                cfg = compose(config_name, overrides=job)
+            configs = [compose(config_name, overrides=job) for job in jobs]
+            for cfg in configs:
                 if check:
                     check(cfg)
             if config_name == "train" and not multirun:
                 check_run_folder(cfg, overrides)
             if multirun:
                 check_launcher(compose(config_name, overrides=jobs[0], return_hydra_config=True).hydra.launcher)
+        if multirun and config_name == "train":
+            announce_sweep(configs)
     except PosbenchError:
         raise
     except OverrideParseException as e:

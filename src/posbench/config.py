@@ -50,7 +50,7 @@ class TrainConfig:
     loss_spike_ratio: float = 1.5
     #: ...or whose gradient norm (before clipping) exceeds this multiple of its running average.
     grad_spike_ratio: float = 5.0
-    #: This fraction of each batch's sequences are synthetic copy sequences (README, "Probes"; probes/copy.py).
+    #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; probes/copy.py).
     copy_fraction: float = 0.0
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
@@ -118,7 +118,7 @@ class Config:
     logger: str = "csv"
     #: Torch CPU threads for this run (``null``: torch's default); set 1 when N jobs share N cores.
     threads: Optional[int] = None
-    #: Probes run on the best model after evaluation: some of context, window, copy, attention (README, "Probes").
+    #: Probes run on the best model after evaluation: some of context, window, copy, attention (docs/probes.md).
     probes: List[str] = field(default_factory=list)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
 

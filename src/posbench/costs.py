@@ -108,3 +108,54 @@ def check_copy_probe(cfg, vocab_size: int, distances: list[int], device: torch.d
             *(span, trials, len(distances), f"{max(distances):,}", f"{longest:,}", flops / 1e12, seconds / 3600),
             gigabytes(logits),
         )
+
+
+def timed_step_seconds(cfg) -> float:
+    """Seconds of one training step of ``cfg``'s model on this machine, timed (after one warm-up step) on
+    random tokens over the vocabulary of ``cfg.data``."""
+    import time
+
+    from .data import load_corpus
+    from .model import LanguageModel
+    from .runtime import resolve_device, resolve_precision
+
+    device = resolve_device(cfg.device)
+    vocab_size = load_corpus(cfg.data).vocab_size
+    model = LanguageModel(
+        cfg.model, cfg.encoding, vocab_size, cfg.train_len, resolve_precision(cfg.precision, device)[0]
+    )
+    model = model.to(device)
+    x = torch.randint(vocab_size, (cfg.train.batch_size, cfg.train_len), device=device)
+    seconds = []
+    for _ in range(2):
+        start = time.perf_counter()
+        model.token_nll(x, x).mean().backward()
+        seconds.append(time.perf_counter() - start)
+    return seconds[-1]
+
+
+def announce_sweep(configs: list) -> None:
+    """Before a sweep of ``train`` starts: its number of jobs and their time, from one timed step per model
+    shape (training only; evaluation and probes add to it, ``train.patience`` may stop a job sooner)."""
+    step_seconds: dict[str, float | None] = {}
+    total, untimed = 0.0, 0
+    for cfg in configs:
+        shape = f"{cfg.model}|{cfg.encoding.name}|{cfg.train_len}|{cfg.train.batch_size}|{cfg.data}"
+        if shape not in step_seconds:
+            try:
+                step_seconds[shape] = timed_step_seconds(cfg)
+            except (PosbenchError, OSError):  # its data is missing, say: the job fails on its own, later
+                step_seconds[shape] = None
+        if step_seconds[shape] is None:
+            untimed += 1
+        else:
+            total += step_seconds[shape] * cfg.train.steps
+    log.warning(
+        "sweep of %d job(s): about %s of training in all, one job after another on this machine%s "
+        "(a timed step x train.steps; evaluation and probes add to it, train.patience may stop jobs sooner)",
+        *(len(configs), duration(total), f", {untimed} job(s) not timed" if untimed else ""),
+    )
+
+
+def duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{max(seconds / 60, 0.1):.1f} min"

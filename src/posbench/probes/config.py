@@ -10,7 +10,7 @@ from ..errors import PosbenchError
 from .context import ContextProbeConfig
 from .copy import CopyProbeConfig
 
-#: Every probe, in the order they run (see the README's "Probes").
+#: Every probe, in the order they run (see docs/probes.md).
 PROBES = ("context", "window", "copy", "attention")
 
 
