@@ -136,7 +136,7 @@ def test_an_unquoted_path_names_its_key_and_says_to_quote_it(override, multirun,
 
 @pytest.mark.slow
 def test_a_refused_train_changes_nothing_in_the_folder(tmp_path, mini_data, posbench, assert_one_line):
-    from posbench.io import lock_run_dir
+    from posbench.runfolder import lock_run_dir
 
     run = tmp_path / "run"
     train = ["train", "experiment=smoke", "eval_lens=[32]", f"data.path={mini_data}", f"hydra.run.dir={run}"]

@@ -15,10 +15,18 @@ import sys
 import sysconfig
 from pathlib import Path
 
-import pip
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pip_folder() -> Path:
+    """pip's package folder, found in a subprocess: looking pip up here (import or find_spec) turns off
+    setuptools' distutils shim in this process, and torch's compiler then fails in later tests."""
+    where = "import os, pip; print(os.path.dirname(pip.__file__))"
+    return Path(
+        subprocess.run([sys.executable, "-c", where], capture_output=True, text=True, check=True).stdout.strip()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,7 @@ def managed_python(tmp_path_factory) -> Path:
             (lib / version / entry.name).symlink_to(entry)
     for shared in stdlib.parent.glob("libpython*"):  # a --enable-shared build finds libpython beside its prefix
         (lib / shared.name).symlink_to(shared)
-    (lib / version / "site-packages" / "pip").symlink_to(Path(pip.__file__).parent)
+    (lib / version / "site-packages" / "pip").symlink_to(pip_folder())
     (lib / version / "EXTERNALLY-MANAGED").write_text(
         "[externally-managed]\nError=This Python is managed by the distribution (posbench's test).\n"
     )

@@ -129,7 +129,7 @@ def test_bf16_and_fp32_evaluation_of_a_trained_smoke_model_agree(compose_config,
         command = compose_config("eval", [f"checkpoint={tmp_path}", f"precision={precision}"])
         evaluate_checkpoint(command, ["checkpoint", "precision"], tmp_path)
     results = pd.read_csv(tmp_path / "results.csv")
-    assert list(results.columns)[-2:] == ["run_dir", "precision"]
+    assert list(results.columns)[-5:] == ["run_dir", "precision", "run_id", "model_step", "model_final"]
     ppl = results.set_index(["precision", "split", "eval_len"])["ppl"]
     assert len(ppl) == 8  # fp32 and bf16 rows side by side (the fp32 re-evaluation replaced training's own)
     for split in ("valid", "test"):

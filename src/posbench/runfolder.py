@@ -147,7 +147,7 @@ def read_mergeable(path: Path, name: str) -> pd.DataFrame:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     else:
         keys = MEASUREMENT_KEYS[name]
-        missing = [k for k in [*keys[:2], "encoding"] if k not in old.columns]  # later keys may be absent
+        missing = [k for k in keys[:2] if k not in old.columns]  # keys added later (precision) may be absent
         if not missing:
             return old
         reason = f"no {', '.join(missing)} column"
