@@ -346,9 +346,15 @@ def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, b
     return rows
 
 
-#: Decoding rows: contexts of train_len times these, the last DECODE_STEPS tokens of each timed, batch 1.
+#: Decoding rows: contexts of train_len times these, batch 1, the last tokens of each timed: up to this many
+#: through the cache (each a few milliseconds), and up to this many without it (each a pass over the context).
 DECODE_RATIOS = (1, 4, 16)
-DECODE_STEPS = 4
+DECODE_STEPS = {"decode": 32, "decode_nocache": 2}
+
+
+def decode_steps(phase: str, length: int) -> int:
+    """Timed tokens at the end of a context of ``length``: at most half of it, so a cache holds some first."""
+    return min(DECODE_STEPS[phase], length // 2)
 
 
 def time_decoding(model: LanguageModel, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> list[dict]:
@@ -359,18 +365,19 @@ def time_decoding(model: LanguageModel, cfg: BenchConfig, device, name: str, bac
     for length in (cfg.train_len * ratio for ratio in DECODE_RATIOS):
         base = dict(encoding=name, backend=backend, seq_len=length, batch=1)
         unsupported = model.encoding.unsupported_reason(length)
-        if unsupported or length < DECODE_STEPS + 2:  # a cache of one token at least, a warm-up step, the timed ones
+        if unsupported or length < 4:  # a cache of one token at least, a warm-up step, the timed ones
             status = "unsupported" if unsupported else "skipped"
-            reason = unsupported or f"a context of {length} tokens is too short to time {DECODE_STEPS} decoding steps"
-            rows += [dict(base, phase=phase, status=status, reason=reason) for phase in ("decode", "decode_nocache")]
+            reason = unsupported or f"a context of {length} tokens is too short to time decoding steps in"
+            rows += [dict(base, phase=phase, status=status, reason=reason) for phase in DECODE_STEPS]
             continue
         tokens = torch.randint(0, cfg.vocab_size, (1, length), generator=gen).to(device)
         speeds = {}
         for phase, cached in (("decode", True), ("decode_nocache", False)):
             flops = flops_per_token(cfg.model, cfg.vocab_size, length, training=False) * (1 if cached else length)
+            steps = decode_steps(phase, length)
             with PeakRSS() as mem:
-                runs = [decoding_seconds(model, tokens, cached, device) for _ in range(cfg.eval_repeats)]
-            speeds[phase] = DECODE_STEPS / statistics.median(runs)
+                runs = [decoding_seconds(model, tokens, steps, cached, device) for _ in range(cfg.eval_repeats)]
+            speeds[phase] = steps / statistics.median(runs)
             rows.append(measured(dict(base, phase=phase), speeds[phase], flops, peak, mem.extra_mb))
         log.info(
             "decode %s/%s at %d: %.0f tok/s with the cache, %.0f without (x%.1f)",
@@ -381,11 +388,11 @@ def time_decoding(model: LanguageModel, cfg: BenchConfig, device, name: str, bac
 
 
 @torch.no_grad()
-def decoding_seconds(model: LanguageModel, tokens: torch.Tensor, cached: bool, device) -> float:
-    """Seconds to run the last DECODE_STEPS of ``tokens`` (1, L) a token at a time, each one's logits computed:
-    after the rest fills a cache (untimed, with one step of warm-up), or each as a pass over every token so far."""
+def decoding_seconds(model: LanguageModel, tokens: torch.Tensor, steps: int, cached: bool, device) -> float:
+    """Seconds to run the last ``steps`` of ``tokens`` (1, L) a token at a time, each one's logits computed: after
+    the rest fills a cache (untimed, with one step of warm-up), or each as a pass over every token so far."""
     model.eval()
-    start = tokens.shape[1] - DECODE_STEPS
+    start = tokens.shape[1] - steps
     cache = model.new_cache(tokens.shape[1]) if cached else None
 
     def step(t: int):
@@ -472,8 +479,10 @@ def decoding_markdown(table: pd.DataFrame) -> list[str]:
         speed = dict(zip(group.phase, group.tokens_per_s))
         cached, uncached = speed.get("decode"), speed.get("decode_nocache")
         ratio = cached / uncached if cached and uncached else None
-        cells = [fmt(cached, ",.0f"), fmt(uncached, ",.0f"), fmt(ratio, ".1f"), group.reason.iloc[0]]
+        speeds = [fmt(v, ",.0f" if v is not None and v >= 10 else ".2g") for v in (cached, uncached)]
+        cells = [*speeds, fmt(ratio, ".1f"), group.reason.iloc[0]]
         rows.append([*key[:3], f"{key[3]:,}", *cells])
     header = ["encoding", "backend", "precision", "context", "cached tok/s", "uncached tok/s", "× faster", "note"]
-    intro = f"The last {DECODE_STEPS} tokens of each context, a token at a time (batch 1)."
+    timed = ", ".join(f"{phase} {steps}" for phase, steps in DECODE_STEPS.items())
+    intro = f"Tokens at the end of each context, a token at a time (batch 1; timed tokens at most: {timed})."
     return ["## Decoding", "", intro, "", markdown_table(header, rows, right=set(header[3:7])), ""]
