@@ -119,6 +119,7 @@ def test_repetition_distinct_2_and_the_onset_of_a_loop():
     assert degeneration_onset(repeated, 20, 16, 0.5) == 75
     assert degeneration_onset(repeated, 20, 16, 1.0) == 83
     assert degeneration_onset(repeated_ngrams(prompt + fresh), 20, 16, 0.5) is None
+    assert degeneration_onset(repeated_ngrams([1, 2, 3] * 30), 40, 16, 0.5) == 40  # a looping prompt: not before it
     nll = np.arange(len(tokens) - 20, dtype=float)
     rows = window_rows(tokens, nll, 20, 40)
     assert [r["position"] for r in rows] == [20, 60, 100, 140] and [r["tokens"] for r in rows] == [40, 40, 40, 20]
