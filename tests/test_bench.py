@@ -45,14 +45,34 @@ def test_bench_writes_every_encoding_backend_and_length(tmp_path):
     cfg = bench_config("encodings=[alibi,learned]", "backends=[eager,sdpa]", "eval_lens=[16,48]")
     table = bench(cfg, tmp_path)
     written = pd.read_csv(tmp_path / "bench.csv")
-    assert list(written.columns) == COLUMNS and len(written) == len(table) == 2 * 2 * 3
+    assert list(written.columns) == COLUMNS and len(written) == len(table) == 2 * 2 * (3 + 6)  # 6: decoding
     train = written[written.phase == "train"]
     assert (train.tokens_per_s > 0).all() and (train.gflop_per_s > 0).all()
     assert written[written.backend == "eager"].dropna(subset=["tokens_per_s"]).vs_eager.eq(1.0).all()
     beyond = written[(written.encoding == "learned") & (written.seq_len == 48)]
     assert beyond.status.eq("unsupported").all() and beyond.tokens_per_s.isna().all()  # learned has 16 positions
-    assert written[written.status == "ok"].shape[0] == 2 * 2 * 2 + 2  # alibi: train + 2 lengths; learned: train + 16
+    # per backend, alibi: train, 2 lengths, decoding at 16, 64, 256 with and without the cache; learned: train, 16
+    # and decoding at 16
+    assert written[written.status == "ok"].shape[0] == 2 * (1 + 2 + 6) + 2 * (1 + 1 + 2)
     assert "| alibi | sdpa |" in (tmp_path / "bench.md").read_text()
+
+
+def test_decoding_rows_with_and_without_the_cache_at_1_4_and_16_train_len(tmp_path):
+    overrides = ["encodings=[rope,learned]", "backends=[sdpa]", "eval_lens=[]", "train_steps=0", "precisions=[fp32]"]
+    written = bench(bench_config(*overrides), tmp_path)
+    decoding = written[written.phase.isin(["decode", "decode_nocache"])].set_index(["encoding", "phase", "seq_len"])
+    assert len(decoding) == 2 * 2 * 3
+    rope = decoding.loc["rope"]
+    assert (rope.status == "ok").all() and (rope.tokens_per_s > 0).all()
+    # without the cache a token costs a pass over the context: 256 times one token's FLOPs at 256
+    assert rope.loc[("decode_nocache", 256), "gflop_per_token"] == pytest.approx(
+        256 * rope.loc[("decode", 256), "gflop_per_token"]
+    )
+    learned = decoding.loc["learned"]
+    assert list(learned.status) == ["ok"] * 2 + ["unsupported"] * 4  # its table: 16 positions
+    text = (tmp_path / "bench.md").read_text()
+    assert "## Decoding" in text and "| rope | sdpa | fp32 | 256 |" in text
+    assert "| learned | sdpa | fp32 | 64 |  |  |  | Learned has 16 positions" in text
 
 
 @pytest.mark.parametrize(
@@ -102,9 +122,10 @@ def test_every_row_in_each_precision_against_that_precision_s_peak(tmp_path, mon
     axes = ["encodings=[alibi]", "backends=[sdpa]", "eval_lens=[16]", "precisions=[fp32,bf16]", "compile_train=true"]
     table = bench(bench_config(*axes), tmp_path)
     written = pd.read_csv(tmp_path / "bench.csv")
-    assert list(written.columns) == COLUMNS and len(table) == 2 * 3  # per precision: train, compiled train, eval
-    assert list(written.precision) == ["fp32"] * 3 + ["bf16"] * 3
-    assert list(written.compile) == [False, False, True] * 2 and len(compiled) == 2 * 2  # two blocks per model
+    # per precision: train, compiled train, eval, decoding at 3 lengths with and without the cache
+    assert list(written.columns) == COLUMNS and len(table) == 2 * 9
+    assert list(written.precision) == ["fp32"] * 9 + ["bf16"] * 9
+    assert list(written.compile) == ([False] * 8 + [True]) * 2 and len(compiled) == 2 * 2
     ok = written[written.status == "ok"]
     expected = ok.gflop_per_s * 1e9 / ok.precision.map(peaks)
     assert ok.peak_fraction.to_numpy() == pytest.approx(expected.to_numpy())

@@ -132,7 +132,7 @@ def run(args: list[str], cwd) -> None:
 @pytest.mark.slow
 def test_two_rank_ddp_matches_one_process_on_the_same_global_batch(tmp_path, mini_data):
     # The tiny model has dropout 0, so the two runs differ only by the order of float sums.
-    args = [*SMOKE, f"data.path={mini_data}", "train.batch_size=4"]
+    args = [*SMOKE, f"data.path={mini_data}", "train.batch_size=4", "train.val_lens=[64,128]"]
     single_dir = tmp_path / "single"
     run([sys.executable, "-m", "posbench", "train", *args, f"hydra.run.dir={single_dir}"], cwd=tmp_path)
     (tmp_path / "ddp").mkdir()
@@ -148,7 +148,8 @@ def test_two_rank_ddp_matches_one_process_on_the_same_global_batch(tmp_path, min
     single_log, ddp_log = (pd.read_csv(d / "train_log.csv") for d in (single_dir, ddp_dir))
     assert list(ddp_log["step"]) == list(single_log["step"]) == list(range(1, 7))
     assert list(ddp_log["tokens"]) == list(single_log["tokens"])  # tokens of the global batch, not one rank's
-    for column in ("train_loss", "valid_loss", "grad_norm"):
+    assert single_log["valid_loss_128"].notna().sum() == 2  # rank 0 measures train.val_lens at each validation
+    for column in ("train_loss", "valid_loss", "valid_loss_64", "valid_loss_128", "grad_norm"):
         assert ddp_log[column].to_numpy() == pytest.approx(single_log[column].to_numpy(), rel=1e-5, nan_ok=True)
     assert single_log["train_loss"].iloc[-1] < single_log["train_loss"].iloc[0]  # it did learn
 

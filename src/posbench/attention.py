@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .cache import LayerCache
 from .positional import PositionEncoding
 
 log = logging.getLogger(__name__)
@@ -381,11 +382,32 @@ class Attention:
             self._cache[key] = build()
         return self._cache[key]
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
-        """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias."""
-        q, k = self.encoding.rotate(q, k, plan.positions)
-        if self.logn_train_len is not None and q.shape[-2] > self.logn_train_len:
-            q = q * logn_factors(q.shape[-2], self.logn_train_len, q.device)[:, None].to(q.dtype)
+    def decoding_plan(self, past: int, new: int, device: torch.device) -> Plan:
+        """How every layer attends when ``new`` tokens follow ``past`` tokens in a key/value cache (``cache.py``).
+
+        The first pass (``past`` = 0) is planned as any other. Later ones take a dense mask of the new queries
+        against every key, the rows of the full pass's mask (``causal_mask``), on eager or sdpa: flex serves
+        no query shorter than its block.
+        """
+        if past == 0:
+            return self.plan(new, device, False, 0.0)
+        end = past + new
+        limited = oldest_key(end - 1, self.window, self.blockwise) > 0  # as in ``plan``
+        reach = dict(window=self.window, blockwise=self.blockwise, sink=self.sink) if limited else {}
+        keys = torch.arange(end, device=device)
+        plan = Plan("eager" if self.backend == "eager" else "sdpa", new, positions=keys[past:], **reach)
+        plan.positions_are_indices = False
+        plan.mask = causal_mask(self.encoding, keys[past:], keys, **reach)  # (1, H|1, new, end)
+        return plan
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None = None) -> Tensor:
+        """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias.
+
+        With ``cache``, the T tokens follow those in it: they attend to its keys too and are added to it.
+        """
+        q, k, v = self.positioned(q, k, v, plan, cache)
+        if self.logn_train_len is not None and k.shape[-2] > self.logn_train_len:  # the queries are the last keys
+            q = q * logn_factors(k.shape[-2], self.logn_train_len, q.device)[-q.shape[-2] :, None].to(q.dtype)
         if self.temperature is not None:  # tau·q·kᵀ/√d; the encoding's bias is added unscaled
             q = q * self.temperature
         if self.observer is not None:
@@ -400,6 +422,16 @@ class Attention:
         if plan.backend == "flex":  # broken this pass: re-plan without flex
             plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
         return self.dense(q, k, v, plan)
+
+    def positioned(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None):
+        """q and k rotated at their positions; with ``cache``, the keys and values of every token so far."""
+        if cache is None:
+            return (*self.encoding.rotate(q, k, plan.positions), v)
+        if self.encoding.rotates_per_pass:  # cached unrotated; every key turns again with this pass's tables
+            k, v = cache.extend(k, v)
+            return (*self.encoding.rotate(q, k, self.encoding.counting(k.shape[-2], q.device)), v)
+        q, k = self.encoding.rotate(q, k, plan.positions)
+        return (q, *cache.extend(k, v))
 
     def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
         """FlexAttention on q, k, v zero-padded to whole blocks (docs/performance.md, "Design notes").

@@ -294,6 +294,7 @@ def measure_model(cfg: BenchConfig, device, name: str, backend: str, precision: 
             rows.append(dict(time_training(model, loss_fn, cfg, device, name, backend, peak), compile=compile_))
         if compile_ == cfg.model.compile:  # evaluation as configured; compile_train adds training rows only
             rows += [dict(row, compile=compile_) for row in time_evaluation(model, cfg, device, name, backend, peak)]
+            rows += [dict(row, compile=compile_) for row in time_decoding(model, cfg, device, name, backend, peak)]
     return [dict(row, precision=precision) for row in rows]
 
 
@@ -364,6 +365,71 @@ def time_evaluation(model: LanguageModel, cfg: BenchConfig, device, name: str, b
     return rows
 
 
+#: Decoding rows: contexts of train_len times these, batch 1, the last tokens of each timed: up to this many
+#: through the cache (each a few milliseconds), and up to this many without it (each a pass over the context).
+DECODE_RATIOS = (1, 4, 16)
+DECODE_STEPS = {"decode": 32, "decode_nocache": 2}
+
+
+def decode_steps(phase: str, length: int) -> int:
+    """Timed tokens at the end of a context of ``length``: at most half of it, so a cache holds some first."""
+    return min(DECODE_STEPS[phase], length // 2)
+
+
+def time_decoding(model: LanguageModel, cfg: BenchConfig, device, name: str, backend: str, peak: float) -> list[dict]:
+    """Tokens/s of decoding at train_len x DECODE_RATIOS: ``decode`` through the key/value cache (``cache.py``),
+    ``decode_nocache`` with a full pass over the sequence so far per token. FLOPs per token: one token's
+    forward against the context with the cache, the whole context's without."""
+    rows, gen = [], torch.Generator().manual_seed(cfg.seed)
+    for length in (cfg.train_len * ratio for ratio in DECODE_RATIOS):
+        base = dict(encoding=name, backend=backend, seq_len=length, batch=1)
+        unsupported = model.encoding.unsupported_reason(length)
+        if unsupported or length < 4:  # a cache of one token at least, a warm-up step, the timed ones
+            status = "unsupported" if unsupported else "skipped"
+            reason = unsupported or f"a context of {length} tokens is too short to time decoding steps in"
+            rows += [dict(base, phase=phase, status=status, reason=reason) for phase in DECODE_STEPS]
+            continue
+        tokens = torch.randint(0, cfg.vocab_size, (1, length), generator=gen).to(device)
+        speeds = {}
+        for phase, cached in (("decode", True), ("decode_nocache", False)):
+            flops = flops_per_token(cfg.model, cfg.vocab_size, length, training=False) * (1 if cached else length)
+            steps = decode_steps(phase, length)
+            with PeakRSS() as mem:
+                runs = [decoding_seconds(model, tokens, steps, cached, device) for _ in range(cfg.eval_repeats)]
+            speeds[phase] = steps / statistics.median(runs)
+            rows.append(measured(dict(base, phase=phase), speeds[phase], flops, peak, mem.extra_mb))
+        log.info(
+            "decode %s/%s at %d: %.0f tok/s with the cache, %.0f without (x%.1f)",
+            *(name, backend, length, speeds["decode"], speeds["decode_nocache"]),
+            speeds["decode"] / speeds["decode_nocache"],
+        )
+    return rows
+
+
+@torch.no_grad()
+def decoding_seconds(model: LanguageModel, tokens: torch.Tensor, steps: int, cached: bool, device) -> float:
+    """Seconds to run the last ``steps`` of ``tokens`` (1, L) a token at a time, each one's logits computed: after
+    the rest fills a cache (untimed, with one step of warm-up), or each as a pass over every token so far."""
+    model.eval()
+    start = tokens.shape[1] - steps
+    cache = model.new_cache(tokens.shape[1]) if cached else None
+
+    def step(t: int):
+        with autocast(device, model.precision):
+            hidden = model(tokens[:, t : t + 1], cache=cache) if cached else model(tokens[:, : t + 1])
+            return model.head(hidden[:, -1])
+
+    if cached:
+        with autocast(device, model.precision):
+            model(tokens[:, : start - 1], cache=cache)
+    synced(lambda: step(start - 1), device)  # warm-up
+    t0 = time.perf_counter()
+    for t in range(start, tokens.shape[1]):
+        step(t)
+    synced(lambda: None, device)
+    return time.perf_counter() - t0
+
+
 def add_ratios(table: pd.DataFrame) -> pd.DataFrame:
     """``vs_eager``: tokens/s over the eager backend's for the same encoding, phase and length."""
     key = ["encoding", "phase", "seq_len", "precision", "compile"]
@@ -418,4 +484,24 @@ def markdown(table: pd.DataFrame, cfg, device, peaks: dict[str, float]) -> str:
     eval_header = ["encoding", "backend", "precision", "tokens", "eval tok/s", "× eager", "extra memory MB", "note"]
     evals = markdown_table(eval_header, eval_rows, right=numbers)
     train_part = ["## Training", "", train, ""] if cfg.train_steps else []
-    return "\n".join([head, *train_part, "## Evaluation", "", evals, ""])
+    return "\n".join([head, *train_part, "## Evaluation", "", evals, "", *decoding_markdown(table)])
+
+
+def decoding_markdown(table: pd.DataFrame) -> list[str]:
+    """The decoding section of bench.md: tokens/s with and without the cache side by side."""
+    decode = table[table.phase.isin(["decode", "decode_nocache"])]
+    if decode.empty:
+        return []
+    fmt = lambda v, spec: "" if v is None or pd.isna(v) else format(v, spec)  # noqa: E731
+    rows = []
+    for key, group in decode.groupby(["encoding", "backend", "precision", "seq_len"], sort=False):
+        speed = dict(zip(group.phase, group.tokens_per_s))
+        cached, uncached = speed.get("decode"), speed.get("decode_nocache")
+        ratio = cached / uncached if cached and uncached else None
+        speeds = [fmt(v, ",.0f" if v is not None and v >= 10 else ".2g") for v in (cached, uncached)]
+        cells = [*speeds, fmt(ratio, ".1f"), group.reason.iloc[0]]
+        rows.append([*key[:3], f"{key[3]:,}", *cells])
+    header = ["encoding", "backend", "precision", "context", "cached tok/s", "uncached tok/s", "× faster", "note"]
+    timed = ", ".join(f"{phase} {steps}" for phase, steps in DECODE_STEPS.items())
+    intro = f"Tokens at the end of each context, a token at a time (batch 1; timed tokens at most: {timed})."
+    return ["## Decoding", "", intro, "", markdown_table(header, rows, right=set(header[3:7])), ""]

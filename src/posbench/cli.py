@@ -29,6 +29,9 @@ commands:
            eval.mode=sliding eval.stride=S, rope.scaling.type=linear|ntk|dynamic|yarn rope.scaling.factor=F
   probe    does a saved run read its context? checkpoint=PATH 'probes=[context,window,copy,attention]'
            (the default: all four; docs/probes.md), probe.targets=N probe.trials=N eval.window=W
+  generate sample past the training length from a saved run, with a key/value cache: checkpoint=PATH
+           generate.prompts=N generate.max_len=L generate.temperature=T generate.top_k=K generate.top_p=P
+           (samples.jsonl, generation.csv: repetition, distinct-2, NLL per window; docs/generation.md)
   report   DIR: tables (summary.md, summary.csv: mean ± std over seeds) and figures (ppl_vs_length,
            per_position_loss, training_curves; PNG and SVG) from every run below DIR;
            DIR compare=ENCODING adds compare.csv: NLL differences against ENCODING with bootstrap CIs;
@@ -224,6 +227,13 @@ def cmd_probe(args: list[str]) -> int:
     return run_hydra("probe", probe_command, args, check=check_probe_command)
 
 
+def cmd_generate(args: list[str]) -> int:
+    from .generate import check_generate_command, generate_command, register_generate
+
+    register_generate()
+    return run_hydra("generate", generate_command, args, check=check_generate_command)
+
+
 def cmd_report(args: list[str]) -> int:
     from .report import report
 
@@ -280,6 +290,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": cmd_train,
     "eval": cmd_eval,
     "probe": cmd_probe,
+    "generate": cmd_generate,
     "report": cmd_report,
     "bench": cmd_bench,
 }

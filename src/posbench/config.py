@@ -40,6 +40,11 @@ class TrainConfig:
     eval_every: int = 500
     #: Cap on validation tokens per periodic check (``null``: the whole split).
     val_tokens: Optional[int] = None
+    #: Also measure the validation loss at these lengths at every check, logged in train_log.csv as
+    #: ``valid_loss_L`` (``null``: train_len alone, as ``valid_loss``), to watch extrapolation form during
+    #: training; only train_len's loss picks the best checkpoint and counts for patience. Each length reads
+    #: at least one window's tokens, ``train.val_tokens`` or not.
+    val_lens: Optional[List[int]] = None
     log_every: int = 10
     #: Save the resume state (last.pt) every N steps, at the last step, and on SIGINT/SIGTERM.
     checkpoint_every: int = 100
@@ -182,7 +187,11 @@ def check_eval(e) -> None:
 
 
 #: What ``null`` means for each list of lengths, said when one is given empty.
-NULL_LENGTHS = {"eval_lens": "train_len x 1, 2, 4, 8, 16", "train.lengths": "train_len alone"}
+NULL_LENGTHS = {
+    "eval_lens": "train_len x 1, 2, 4, 8, 16",
+    "train.lengths": "train_len alone",
+    "train.val_lens": "train_len alone",
+}
 
 
 def check_lengths(key: str, values: list) -> None:
@@ -267,6 +276,15 @@ def check_train(cfg) -> None:
     if not 0 <= t.copy_fraction <= 1:
         raise PosbenchError(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
     check_train_lengths(cfg)
+    if t.val_lens is not None:
+        check_lengths("train.val_lens", list(t.val_lens))
+        if len(set(t.val_lens)) < len(t.val_lens):
+            raise PosbenchError(f"train.val_lens must not repeat a length, got {list(t.val_lens)}")
+
+
+def val_lens_of(cfg) -> list[int]:
+    """The lengths a validation check measures beside train_len (``train.val_lens``), shortest first."""
+    return sorted(cfg.train.val_lens) if cfg.train.val_lens is not None else []
 
 
 def check_buildable(model_cfg, encoding_cfg, train_len: int) -> None:

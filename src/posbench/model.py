@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import Attention, Plan
+from .cache import KVCache, LayerCache
 from .positional import build_encoding
 from .runtime import autocast
 
@@ -69,11 +70,11 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.attention = attention  # shared by every layer; not a module, so no state-dict keys
 
-    def forward(self, x: Tensor, plan: Plan) -> Tensor:
+    def forward(self, x: Tensor, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
-        y = self.attention(q, k, v, plan)  # (B, H, T, hd)
+        y = self.attention(q, k, v, plan, cache)  # (B, H, T, hd)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -86,8 +87,8 @@ class Block(nn.Module):
             nn.Linear(cfg.d_model, cfg.d_ff), nn.GELU(), nn.Linear(cfg.d_ff, cfg.d_model), nn.Dropout(cfg.dropout)
         )
 
-    def forward(self, x: Tensor, plan: Plan) -> Tensor:
-        x = x + self.attn(self.ln1(x), plan)
+    def forward(self, x: Tensor, plan: Plan, cache: LayerCache | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), plan, cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -140,12 +141,15 @@ class LanguageModel(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: Tensor, positions: Tensor | None = None) -> Tensor:
+    def forward(self, idx: Tensor, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """idx (B, T) token ids at ``positions`` (T,) or (B, T) -> final hidden states (B, T, D).
 
         ``positions=None``: the encoding's (``PositionEncoding.positions``): 0..T-1, or in training with
-        ``encoding.randomized_positions`` a random sample per sequence.
+        ``encoding.randomized_positions`` a random sample per sequence. With a key/value ``cache`` (``cache.py``;
+        inference only), the tokens follow those in it, at the positions after theirs, and join it.
         """
+        if cache is not None:
+            return self.decode(idx, cache)
         if positions is None:
             positions = self.encoding.positions(*idx.shape, device=idx.device)
         x = self.drop(self.encoding.embed(self.tok_emb(idx), positions))
@@ -154,6 +158,18 @@ class LanguageModel(nn.Module):
         for block in self.blocks:  # one plan for every layer
             x = block(x, plan)
         return self.ln_f(x)
+
+    def decode(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """``forward`` of tokens idx (B, T) that follow the ``cache.length`` tokens in ``cache``."""
+        plan = self.attention.decoding_plan(cache.length, idx.shape[1], idx.device)  # its positions: the tokens'
+        x = self.encoding.embed(self.tok_emb(idx), plan.positions)
+        for block, layer_cache in zip(self.blocks, cache.layers):
+            x = block(x, plan, layer_cache)
+        return self.ln_f(x)
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty key/value cache for sequences of at most ``capacity`` tokens."""
+        return KVCache(self.cfg.n_layers, capacity)
 
     def token_nll(self, idx: Tensor, targets: Tensor) -> Tensor:
         """Per-token negative log-likelihood (B, T) of ``targets`` given ``idx``.

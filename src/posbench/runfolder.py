@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import logging
 import os
 import uuid
@@ -40,6 +41,9 @@ CONTEXT_CSV = "context_usage.csv"
 COPY_CSV = "copy_probe.csv"
 ATTENTION_CSV = "attention_stats.csv"
 BIAS_CSV = "bias_curves.csv"
+#: ``posbench generate``: a row per prompt and window of generated positions, and the samples as text.
+GENERATION = "generation.csv"
+SAMPLES = "samples.jsonl"
 #: The best model by validation loss, and the state to continue training from (checkpoint.py).
 CHECKPOINT = "checkpoint.pt"
 RESUME_CHECKPOINT = "last.pt"
@@ -62,6 +66,8 @@ STATE_COLUMNS = ["run_id", "model_step", "model_final"]
 RUN_KEYS = ["run_id", "encoding", "seed"]
 #: What a row measured, within its run: rows with the same keys replace each other.
 RESULT_KEYS = ["split", "eval_len", "eval_mode", "stride", "variant", "precision"]
+#: A sample's: its evaluation-time variant, precision, sampling seed and options, and prompt.
+SAMPLE_KEYS = ["variant", "precision", "seed", "temperature", "top_k", "top_p", "source", "prompt_id"]
 MEASUREMENT_KEYS = {
     RESULTS: RESULT_KEYS,
     PER_POSITION: RESULT_KEYS,  # a measurement's rows are replaced whole (its buckets may change)
@@ -70,6 +76,7 @@ MEASUREMENT_KEYS = {
     COPY_CSV: ["variant", "distance"],
     ATTENTION_CSV: ["variant", "eval_len", "layer", "head"],
     BIAS_CSV: ["variant", "head", "distance"],
+    GENERATION: [*SAMPLE_KEYS, "position"],
 }
 #: The CSVs of measurements, in the order a run writes them.
 RESULT_FILES = tuple(MEASUREMENT_KEYS)
@@ -146,8 +153,9 @@ def read_mergeable(path: Path, name: str) -> pd.DataFrame:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, EOFError, OSError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     else:
-        keys = MEASUREMENT_KEYS[name]
-        missing = [k for k in keys[:2] if k not in old.columns]  # keys added later (precision) may be absent
+        missing = [
+            k for k in MEASUREMENT_KEYS[name][:2] if k not in old.columns
+        ]  # keys added later (precision) may be absent
         if not missing:
             return old
         reason = f"no {', '.join(missing)} column"
@@ -176,7 +184,7 @@ def merge_rows(folder: Path, name: str, new: pd.DataFrame, state: ModelState) ->
     """Write ``new`` (rows of ``state``'s model) into ``folder/name``, keeping every row of other runs and of
     this run's other measurements, dropping this run's rows measured on other weights; returns the file's rows."""
     new = new.assign(**state.columns())
-    identity = [*RUN_KEYS, *MEASUREMENT_KEYS[name]]
+    identity = identity_of(name)
     if name not in (PER_POSITION, PER_ARTICLE):  # those hold many rows per measurement
         new = new[~_keys(new, identity).duplicated(keep="last")]
     path = find(folder, name) or Path(folder) / name
@@ -186,6 +194,30 @@ def merge_rows(folder: Path, name: str, new: pd.DataFrame, state: ModelState) ->
         new = pd.concat([old[~replaced], new], ignore_index=True)
     write_csv(new, path)
     return new
+
+
+def identity_of(name: str) -> list[str]:
+    """The columns that identify a row of ``name``: its run's and its measurement's."""
+    return [*RUN_KEYS, *(k for k in MEASUREMENT_KEYS[name] if k not in RUN_KEYS)]
+
+
+def merge_records(folder: Path, records: list[dict], state: ModelState) -> None:
+    """``merge_rows`` for samples.jsonl, one JSON object a line: a record of this run with the same
+    ``SAMPLE_KEYS`` is replaced, one of its records on other weights dropped, every other kept."""
+    path = Path(folder) / SAMPLES
+    records = [{**r, **state.columns()} for r in records]
+    identity = [*RUN_KEYS, *SAMPLE_KEYS]
+
+    def key(record: dict) -> tuple:
+        return tuple(str(record.get(k)) for k in identity)
+
+    def stale(record: dict) -> bool:
+        return record.get("run_id") == state.run_id and record.get("model_step") not in (None, state.step)
+
+    new = {key(r) for r in records}
+    old = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    kept = [r for r in old if key(r) not in new and not stale(r)]
+    write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept + records), path)
 
 
 def finalize(folder: Path, state: ModelState) -> None:

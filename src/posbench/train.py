@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import math
 import signal
@@ -29,11 +30,11 @@ from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import save_checkpoint
-from .config import check_config, train_lengths_of
+from .config import check_config, train_lengths_of, val_lens_of
 from .costs import warn_randomized_positions
 from .data import Corpus, load_corpus
 from .errors import Interrupted, PosbenchError
-from .evaluate import evaluate_lengths, score_nonoverlapping
+from .evaluate import evaluate_lengths, not_measurable, score_nonoverlapping
 from .io import write_csv
 from .logger import Logger, open_logger
 from .model import LanguageModel
@@ -241,8 +242,9 @@ def train_step(run: Run, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[f
     return train_loss, grad
 
 
-# Rank 0 measures the validation loss and keeps the best model so far in checkpoint.pt.
-def validate(run: Run, step: int) -> float:
+# Rank 0 measures the validation loss and keeps the best model so far in checkpoint.pt; returns it and the
+# losses at train.val_lens as train_log.csv's columns (valid_loss, valid_loss_L).
+def validate(run: Run, step: int) -> dict[str, float]:
     cfg, progress = run.cfg, run.progress
     valid_tokens = run.corpus.splits["valid"][: cfg.train.val_tokens]
     val_loss = score_nonoverlapping(run.model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, run.device).nll
@@ -253,7 +255,32 @@ def validate(run: Run, step: int) -> float:
         progress.best_val, progress.best_step, progress.checks_since_best = val_loss, step, 0
         progress.best_model = copy.deepcopy(run.model.state_dict())
         save_best(run, run.model.state_dict(), final=False)
-    return val_loss
+    return {"valid_loss": val_loss, **losses_at_val_lens(run, val_loss)}
+
+
+def losses_at_val_lens(run: Run, val_loss: float) -> dict[str, float]:
+    """``valid_loss_L`` for each L of train.val_lens: train_len's is ``val_loss``; every other length reads at
+    least one window of the valid split, whatever train.val_tokens caps; one that the encoding cannot serve
+    or the split cannot fill is NaN (said once). They pick no checkpoint and count for no patience."""
+    cfg, losses = run.cfg, {}
+    for length in val_lens_of(cfg):
+        cap = cfg.train.val_tokens
+        tokens = run.corpus.splits["valid"][: None if cap is None else max(cap, length + 1)]
+        status, reason = not_measurable(run.model, tokens, "valid", length, None)
+        if status:
+            warn_once(f"train.val_lens: valid_loss_{length} is NaN: {reason}")
+            losses[f"valid_loss_{length}"] = math.nan
+        elif length == cfg.train_len:
+            losses[f"valid_loss_{length}"] = val_loss
+        else:
+            score = score_nonoverlapping(run.model, tokens, length, cfg.eval.batch_tokens, run.device)
+            losses[f"valid_loss_{length}"] = score.nll
+    return losses
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    log.warning(message)
 
 
 def save_best(run: Run, weights: dict, final: bool) -> None:
@@ -276,8 +303,9 @@ def stop_now(run: Run, step: int) -> bool:
     return p.out_of_patience
 
 
-# One train_log.csv row, also handed to the logger (TensorBoard) and shown on the progress bar.
-def log_row(run: Run, step: int, train_loss: float, grad: float, val_loss: float | None, spikes: tuple[bool, bool]):
+# One train_log.csv row, also handed to the logger (TensorBoard) and shown on the progress bar; ``losses``:
+# what ``validate`` measured at this step, if it did.
+def log_row(run: Run, step: int, train_loss: float, grad: float, losses: dict | None, spikes: tuple[bool, bool]):
     t = run.cfg.train
     now = time.perf_counter()
     steps_since = step % t.log_every or t.log_every
@@ -285,7 +313,10 @@ def log_row(run: Run, step: int, train_loss: float, grad: float, val_loss: float
     run.last_log_time = now
     row = dict(step=step, seq_len=step_length(run.cfg, step), tokens=run.progress.tokens_seen, train_loss=train_loss)
     row.update(lr=run.scheduler.get_last_lr()[0])
-    row.update(grad_norm=grad, valid_loss=val_loss, tokens_per_s=tok_s, loss_spike=spikes[0], grad_spike=spikes[1])
+    row.update(grad_norm=grad, valid_loss=None, **{f"valid_loss_{n}": None for n in val_lens_of(run.cfg)})
+    row.update(losses or {})
+    row.update(tokens_per_s=tok_s, loss_spike=spikes[0], grad_spike=spikes[1])
+    val_loss = row["valid_loss"]
     run.progress.log_rows.append(row)
     run.logger.log_step(row)
     run.bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tok_s:,.0f}")

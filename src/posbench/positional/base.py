@@ -137,8 +137,16 @@ class PositionEncoding(nn.Module):
         """x: (B, T, D) token embeddings at ``positions`` (T,) or (B, T) -> same shape."""
         return x
 
+    #: True when a token's rotation depends on the other positions of its pass (its length, its middle), not on
+    #: its own position alone: keys rotated in one pass would not fit the queries of the next, so a key cache
+    #: keeps them unrotated and rotates them all again at every step (``Attention.positioned``).
+    rotates_per_pass: bool = False
+
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """q, k: (B, H, T, hd) at ``positions`` (T,) or (B, T) -> transformed q, k."""
+        """q (B, H, Tq, hd), k (B, H, T, hd) at ``positions`` (T,) or (B, T) -> transformed q, k.
+
+        ``positions`` are the keys'; the queries are the last Tq of them (Tq = T but when a key cache
+        rotates every key again for one new query, ``rotates_per_pass``)."""
         return q, k
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:

@@ -168,4 +168,10 @@ class RoPE(PositionEncoding):
     def rotate(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self.for_positions(positions, self.tables)  # shared by all layers; never in checkpoints
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-        return rotate_pairs(q, cos, sin, self.interleaved), rotate_pairs(k, cos, sin, self.interleaved)
+        q_cos, q_sin = cos[..., -q.shape[-2] :, :], sin[..., -q.shape[-2] :, :]  # the queries: the last positions
+        return rotate_pairs(q, q_cos, q_sin, self.interleaved), rotate_pairs(k, cos, sin, self.interleaved)
+
+    @property
+    def rotates_per_pass(self) -> bool:
+        """Dynamic NTK's frequencies follow the pass's length."""
+        return self.scaling is not None and self.scaling["type"] == "dynamic"

@@ -43,6 +43,7 @@ class XposConfig(EncodingConfig):
 
 class XPos(PositionEncoding):
     config_class = XposConfig
+    rotates_per_pass = True  # the scale is centred on the pass's middle position
 
     def __init__(self, cfg: XposConfig, dims: Dimensions):
         super().__init__(cfg, dims)
@@ -65,4 +66,5 @@ class XPos(PositionEncoding):
         # A rotation scaled by s is (x1·cos − x2·sin, x1·sin + x2·cos)·s, so the scale rides on cos and sin.
         tables = self.for_positions(positions, self.tables)  # shared by all layers; never in checkpoints
         q_cos, q_sin, k_cos, k_sin = (t.to(q.dtype) for t in tables)
+        q_cos, q_sin = q_cos[..., -q.shape[-2] :, :], q_sin[..., -q.shape[-2] :, :]  # the queries: the last positions
         return rotate_pairs(q, q_cos, q_sin), rotate_pairs(k, k_cos, k_sin)

@@ -1,9 +1,11 @@
 """The report's figures, as PNG and SVG: perplexity vs length (and vs length / train_len where an encoding
-was trained at several lengths), loss by position, training curves.
+was trained at several lengths), loss by position, training curves, and the loss at each of train.val_lens
+against the step (``val_lens.py``).
 Pure functions of what ``collect_runs`` returned; each encoding keeps one colour in every figure."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterable
 
@@ -25,6 +27,7 @@ from .tables import (
     training_curves,
     unlabelled_single_precision,
 )
+from .val_lens import val_lens_curves
 
 #: Each encoding's colour in every figure (matplotlib's tab10, in the order the encodings were added).
 ENCODING_COLOURS = {
@@ -52,6 +55,8 @@ FALLBACK_COLOURS = (
     "#dbdb8d",
     "#9edae5",
 )
+#: Panels per row in figures of one panel per line.
+PANELS_PER_ROW = 4
 DASHES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3))]
 
 
@@ -224,6 +229,36 @@ def plot_training_curves(curves: pd.DataFrame, marks: pd.DataFrame, colours: dic
     return True
 
 
+def plot_val_lens_curves(curves: pd.DataFrame, colours: dict, path: Path) -> bool:
+    """A panel per line: the loss at each length against the step, darker for longer; False if no data."""
+    if curves.empty:
+        return False
+    lines = by_line(curves)
+    rows, columns = math.ceil(len(lines) / PANELS_PER_ROW), min(len(lines), PANELS_PER_ROW)
+    fig = Figure(figsize=(4.2 * columns, 3.8 * rows))
+    axes = fig.subplots(rows, columns, sharey=True, squeeze=False).flatten()
+    for ax, (key, group) in zip(axes, lines):
+        lengths = sorted(group["length"].unique())
+        for i, length in enumerate(lengths):
+            line = group[group["length"] == length].sort_values("step")
+            style = dict(
+                color=colours[key[0]], alpha=0.3 + 0.7 * (i + 1) / len(lengths), linestyle=DASHES[i % len(DASHES)]
+            )
+            ax.plot(line["step"], line["loss"], marker=".", label=f"{length} ({length / key[2]:g}× train_len)", **style)
+        ax.set_title(label(*key), fontsize=10)
+        ax.set_xlabel("training step")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, frameon=False)
+    for ax in axes[len(lines) :]:
+        ax.set_visible(False)
+    for ax in axes[::columns]:
+        ax.set_ylabel("validation loss (nats, mean over seeds)")
+    fig.suptitle("Validation loss at each length during training (train.val_lens)")
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
 def draw_figures(runs: Runs, results: pd.DataFrame, summary: pd.DataFrame, split: str, out: Path) -> None:
     """Every figure of the report into ``out``, ``split`` measured; an encoding has one colour in all."""
     per_position = runs.rows(PER_POSITION)
@@ -235,3 +270,5 @@ def draw_figures(runs: Runs, results: pd.DataFrame, summary: pd.DataFrame, split
     plot_per_position(per_position, split, colours, out / "per_position_loss.png")
     curves, marks = training_curves(runs.reported)
     plot_training_curves(unlabelled_single_precision(curves, results), marks, colours, out / "training_curves.png")
+    by_length = unlabelled_single_precision(val_lens_curves(runs.reported), results)
+    plot_val_lens_curves(by_length, colours, out / "val_lens_curves.png")
