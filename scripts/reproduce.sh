@@ -6,7 +6,8 @@
 #         QUICK=1 scripts/reproduce.sh           the five seed encodings at seed 0, quick preset, then report
 #
 # Stages (each a list of runs; a run is trained, evaluated and probed by `posbench train`):
-#   seed0 seed1 seed2   every encoding of conf/encoding at that seed, experiment=study
+#   seed0 seed1 seed2   every encoding of conf/encoding at that seed, experiment=study, with the validation
+#                       loss also logged at $VAL_LENS (train.val_lens: it changes no number of the run)
 #   remedies            rope, sinusoidal, learned, none at seed 0 with each training-side remedy:
 #                       mixed lengths (random and curriculum order) and randomized positions (not for
 #                       none: it has no positions to randomize, so that run would be the plain one again)
@@ -16,6 +17,8 @@
 #                       test tokens), RoPE context extension
 #                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
 #                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
+#   generate            on finished seed runs: posbench generate, $PROMPTS test prompts continued to 16x
+#                       train_len (samples.jsonl, generation.csv), skipped once done like the evals
 #   report              python -m posbench report on each stage folder, and on the whole study with paired
 #                       comparisons against $COMPARE (default alibi)
 #   archive             (named only) copies each finished run's CSVs, logs and configs, not its checkpoints,
@@ -36,6 +39,8 @@
 #   DEVICE     auto             passed as device= to every command
 #   STRIDE     256              sliding-window stride of the evals stage (tokens)
 #   SLIDING_TOKENS 32768        test tokens scored by the sliding evaluation (null: the whole split)
+#   VAL_LENS   [256,1024,4096]  the seed runs' train.val_lens
+#   PROMPTS    32               prompts of the generate stage
 #   TRAIN_ARGS ""               extra train overrides, e.g. "train.steps=2 probes=[]" for a dry run
 #   EVAL_ARGS  ""               extra eval overrides
 #   DATA       (the shipped slice)   a WikiText-2 folder, passed as data.path
@@ -51,6 +56,8 @@ JOBS=${JOBS:-2}
 DEVICE=${DEVICE:-auto}
 STRIDE=${STRIDE:-256}
 SLIDING_TOKENS=${SLIDING_TOKENS:-32768}
+VAL_LENS=${VAL_LENS:-[256,1024,4096]}
+PROMPTS=${PROMPTS:-32}
 QUICK=${QUICK:-0}
 PART=${PART:-4}
 KEEP_GOING=${KEEP_GOING:-0}
@@ -103,7 +110,7 @@ stage_runs() {  # the runs of stage $1, started with train()
         seed0 | seed1 | seed2)
             seed=${1#seed}
             for encoding in $ENCODINGS; do train "encoding=${encoding},seed=${seed}" experiment=study \
-                "encoding=$encoding" "seed=$seed"; done ;;
+                "encoding=$encoding" "seed=$seed" "train.val_lens=$VAL_LENS"; done ;;
         remedies)
             for encoding in $REMEDY_ENCODINGS; do
                 train "encoding=${encoding},lengths=random" experiment=study "encoding=$encoding" \
@@ -159,6 +166,16 @@ eval_once() {
     mkdir -p "$run/evals_done" && printf '%s\n' "${args[@]}" > "$mark"
 }
 
+# samples of run $1 past its training length, skipped when an earlier call finished them
+generate_once() {
+    local run=$1 args mark
+    args=("checkpoint='$run'" "generate.prompts=$PROMPTS" "${COMMON[@]}")
+    mark="$run/evals_done/generate-$(printf '%s\n' "${args[@]}" | sha1sum | cut -c1-16)"
+    [[ -e "$mark" ]] && return 0
+    "$PYTHON" -m posbench generate "${args[@]}"
+    mkdir -p "$run/evals_done" && printf '%s\n' "${args[@]}" > "$mark"
+}
+
 # a run still training has its best checkpoint.pt already, beside its last.pt
 finished() { [[ -e "$1/checkpoint.pt" && ! -e "$1/last.pt" ]]; }
 
@@ -183,9 +200,11 @@ archive() {
         finished "$run" || continue
         dest="$ARCHIVE/${run#"$OUT"/}"
         mkdir -p "$dest"
-        (cd "$run" && find . -type f \( -name '*.csv' -o -name '*.log' -o -name '*.yaml' \) -exec cp --parents -t "$dest" {} +)
+        (cd "$run" && find . -type f \( -name '*.csv' -o -name '*.log' -o -name '*.yaml' -o -name '*.jsonl' \) \
+            -exec cp --parents -t "$dest" {} +)
         # the per-position and per-article rows are most of a run's bytes: kept gzipped (every reader takes .csv.gz)
-        find "$dest" -maxdepth 1 \( -name per_position.csv -o -name per_article.csv \) -exec gzip -9nf {} +
+        find "$dest" -maxdepth 1 \( -name per_position.csv -o -name per_article.csv -o -name samples.jsonl \) \
+            -exec gzip -9nf {} +
     done
 }
 
@@ -197,11 +216,19 @@ run_stage() {
     stamp "stage $1 into $OUT/$group"
     if [[ "$group" == report || "$group" == archive ]]; then "$group"; stamp "stage $1 done"; return; fi
     RUNS=()
-    if [[ "$group" == evals ]]; then mapfile -t RUNS < <(finished_seed_runs); else stage_runs "$group"; fi
+    if [[ "$group" == evals || "$group" == generate ]]; then
+        mapfile -t RUNS < <(finished_seed_runs)
+    else
+        stage_runs "$group"
+    fi
     first=0 count=${#RUNS[@]}
     if [[ -n "$part" ]]; then first=$(( (part - 1) * PART )) count=$PART; fi
     for item in "${RUNS[@]:first:count}"; do
-        if [[ "$group" == evals ]]; then spawn run_evals "$item"; else start_run "$item"; fi
+        case "$group" in
+            evals) spawn run_evals "$item" ;;
+            generate) spawn generate_once "$item" ;;
+            *) start_run "$item" ;;
+        esac
     done
     join
     stamp "stage $1 done"
@@ -213,14 +240,14 @@ if [[ "${1:-}" == list ]]; then
         stage_runs "$group"
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done
     done
-    echo "evals.N  the evaluations of finished seed runs N*PART-PART+1..N*PART; report; archive"
+    echo "evals.N, generate.N  on finished seed runs N*PART-PART+1..N*PART; report; archive"
     exit 0
 fi
 if (( QUICK )); then
     stages=(quick report)
 else
     stages=("$@")
-    (( ${#stages[@]} )) || stages=(seed0 seed1 seed2 remedies lengths evals report)
+    (( ${#stages[@]} )) || stages=(seed0 seed1 seed2 remedies lengths evals generate report)
 fi
 for stage in "${stages[@]}"; do run_stage "$stage"; done
 stamp "done; wall time $(( $(date +%s) - start )) s"

@@ -254,7 +254,7 @@ def test_reproduce_trains_every_conf_encoding_on_the_shipped_slice(clone, tmp_pa
     commands = reproduce(clone, tmp_path, "seed1")
     assert [c[0] for c in commands] == ["train"] * len(commands)
     assert sorted(values_of("encoding", commands)) == sorted(ENCODINGS + ["throwaway"])
-    assert all("experiment=study" in c and "seed=1" in c for c in commands)
+    assert all("experiment=study" in c and "seed=1" in c and "train.val_lens=[256,1024,4096]" in c for c in commands)
     folders = [f.strip("'") for f in values_of("hydra.run.dir", commands)]
     assert len(set(folders)) == len(commands) and all(f.startswith(f"{tmp_path}/out/seed1/") for f in folders)
     assert values_of("data.path", commands) == []
@@ -328,6 +328,23 @@ def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     sliding = "eval.mode=sliding eval.stride=256 eval.max_tokens=32768"
     assert all(any(sliding in c for c in cmds) for cmds in (rope, xpos))
     assert len(rope) == 6 + 4 + 1 and len(xpos) == 2
+
+
+def test_reproduce_generate_samples_from_every_finished_seed_run_once(clone, tmp_path):
+    """The generate stage: one posbench generate per finished seed run (32 prompts), none on a run still
+    training or of another stage, and none again once it finished."""
+    for stage, name, files in [
+        ("seed0", "encoding=alibi,seed=0", ["checkpoint.pt"]),
+        ("seed1", "encoding=rope,seed=1", ["checkpoint.pt", "last.pt"]),
+        ("remedies", "encoding=none,lengths=random", ["checkpoint.pt"]),
+    ]:
+        for file in files:
+            (tmp_path / "out" / stage / name).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "out" / stage / name / file).write_text("")
+    [command] = reproduce(clone, tmp_path, "generate")
+    assert command[0] == "generate" and "generate.prompts=32" in command
+    assert [Path(v.strip("'")).name for v in values_of("checkpoint", [command])] == ["encoding=alibi,seed=0"]
+    assert reproduce(clone, tmp_path, "generate") == []  # done: marked in the run's evals_done/
 
 
 def test_reproduce_evals_resume_at_the_evaluation_a_killed_stage_was_in(clone, tmp_path):
