@@ -9,6 +9,7 @@ import torch
 
 from posbench import attention as attention_mod
 from posbench.attention import Attention, eager_attention
+from posbench.masks import causal_mask
 from posbench.model import LanguageModel
 from posbench.positional import ENCODINGS, build_encoding
 
@@ -62,7 +63,7 @@ def test_eager_matches_attention_written_out_by_hand():
     attn = Attention("eager", alibi)
     torch.testing.assert_close(attn(q, k, v, attn.plan(5, q.device, True, 0.0)), expected, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(
-        eager_attention(q, k, v, attention_mod.causal_mask(alibi, torch.arange(5), torch.arange(5))),
+        eager_attention(q, k, v, causal_mask(alibi, torch.arange(5), torch.arange(5))),
         expected,
         atol=1e-6,
         rtol=1e-5,

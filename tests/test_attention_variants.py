@@ -10,6 +10,7 @@ import torch
 
 from posbench import attention as attention_mod
 from posbench.positional import ENCODINGS
+from posbench.variant import AttentionVariant
 
 VOCAB, SEQ = 50, 40
 VARIANTS = {
@@ -40,7 +41,7 @@ def tokens(length: int = SEQ) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def nll(lm, x, y, **variant) -> torch.Tensor:
-    with lm.attention.evaluated_as(**variant):
+    with lm.attention.evaluated_as(AttentionVariant(**variant)):
         return lm.token_nll(x, y)
 
 
@@ -73,7 +74,7 @@ def test_query_blocks_keep_the_variant(backend, kind, build, monkeypatch):
     full = nll(build("rope", backend), x, y, **VARIANTS[kind])
     monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * 4 * SEQ * 7)  # 4 heads
     lm = build("rope", backend)
-    with lm.attention.evaluated_as(**VARIANTS[kind]):
+    with lm.attention.evaluated_as(AttentionVariant(**VARIANTS[kind])):
         assert lm.attention.plan(SEQ, x.device, False, 0.0).query_block == 7
     torch.testing.assert_close(nll(lm, x, y, **VARIANTS[kind]), full, atol=1e-5, rtol=1e-5)
 

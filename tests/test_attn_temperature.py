@@ -14,6 +14,7 @@ from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
 from posbench.positional import build_encoding
 from posbench.reevaluate import evaluate_checkpoint, register
+from posbench.variant import AttentionVariant
 
 TAU = 1.7
 
@@ -37,7 +38,7 @@ def test_the_logits_are_scaled_by_tau_and_the_bias_is_not(backend, name, slopes)
     torch.manual_seed(0)
     q, k, v = (3 * torch.randn(3, 1, 2, 5, 4, dtype=torch.float64)).unbind(0)  # (B, H, T, hd); large: sharp
     attention = Attention(backend, build_encoding({"name": name}, n_heads=2, head_dim=4, d_model=8, train_len=5))
-    with attention.evaluated_as(temperature=TAU):
+    with attention.evaluated_as(AttentionVariant(temperature=TAU)):
         got = attention(q, k, v, attention.plan(5, q.device, False, 0.0))
     torch.testing.assert_close(got, by_hand(q, k, v, TAU, slopes))
     plain = attention(q, k, v, attention.plan(5, q.device, False, 0.0))  # undone after the block

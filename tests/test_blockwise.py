@@ -11,10 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench import attention as attention_mod
-from posbench.attention import causal_mask, reaching, reaching_block_mask
 from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
+from posbench.masks import causal_mask, reaching, reaching_block_mask
 from posbench.positional import build_encoding
+from posbench.variant import AttentionVariant
 
 SEQ = 40
 
@@ -34,7 +35,7 @@ def test_the_mask_is_the_loop_definition():
             for j in range(8):
                 if visible(i, j, 3):
                     expected[0, h, i, j] = -slope * (i - j)
-    torch.testing.assert_close(causal_mask(alibi, pos, pos, blockwise=3), expected)
+    torch.testing.assert_close(causal_mask(alibi, pos, pos, AttentionVariant(blockwise=3)), expected)
     assert not expected[0, 0, 6, 2].isfinite() and expected[0, 0, 6, 3].isfinite()  # block 2 sees blocks 1, 2
 
 
@@ -45,13 +46,13 @@ def test_flex_block_mask_and_mask_mod_follow_the_definition():
     q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
     for w in (50, 200):
         truth = torch.tensor([[visible(i, j, w) for j in range(n)] for i in range(n)])
-        assert torch.equal(reaching(None, w)(0, 0, q, k), truth)
+        assert torch.equal(reaching(AttentionVariant(blockwise=w))(0, 0, q, k), truth)
         rows = -(-n // block)
         needed = torch.zeros(rows, rows, dtype=torch.bool)
         for a in range(rows):
             for b in range(rows):
                 needed[a, b] = truth[a * block : (a + 1) * block, b * block : (b + 1) * block].any()
-        listed = reaching_block_mask(n, None, w, torch.device("cpu")).to_dense()[0, 0].bool()
+        listed = reaching_block_mask(n, AttentionVariant(blockwise=w), torch.device("cpu")).to_dense()[0, 0].bool()
         assert torch.equal(listed, needed), w
 
 
@@ -66,7 +67,7 @@ def test_a_window_inside_blocks_sees_the_keys_both_allow():
     """eval.window and eval.blockwise together (the window probe of a blockwise evaluation): the intersection."""
     nope = build_encoding({"name": "none"}, n_heads=1, head_dim=4, d_model=4, train_len=SEQ)
     pos = torch.arange(12)
-    both = causal_mask(nope, pos, pos, window=4, blockwise=3)[0, 0] == 0
+    both = causal_mask(nope, pos, pos, AttentionVariant(window=4, blockwise=3))[0, 0] == 0
     assert both.tolist() == [[visible(i, j, 3) and i - j < 4 for j in range(12)] for i in range(12)]
 
 

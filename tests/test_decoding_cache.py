@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from posbench.attention import causal_mask
+from posbench.masks import causal_mask
 from posbench.positional import ENCODINGS
 from posbench.positional.rope import RopeScalingConfig
 from posbench.runtime import autocast
+from posbench.variant import AttentionVariant
 
 LENGTH, PROMPT, VOCAB = 40, 5, 50
 #: Past the training length of 16 (learned: its table of 64), so the variants act.
@@ -78,7 +79,7 @@ def test_cached_decoding_equals_the_full_pass(model, case):
 @pytest.mark.parametrize("case", ["alibi", "rope", "t5", "fire", "xpos", "none", "kerple_log", "rope/dynamic"])
 def test_cached_decoding_equals_the_full_pass_in_every_attention_variant(model, case, variant):
     lm, idx = model(case), tokens()
-    with lm.attention.evaluated_as(**VARIANTS[variant]):
+    with lm.attention.evaluated_as(AttentionVariant(**VARIANTS[variant])):
         torch.testing.assert_close(cached_logits(lm, idx), prefix_logits(lm, idx), rtol=1e-5, atol=1e-5)
 
 

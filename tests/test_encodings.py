@@ -10,10 +10,11 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from posbench.attention import Attention, causal_mask, eager_attention
+from posbench.attention import Attention, eager_attention
 from posbench.config import Config, EvalConfig
 from posbench.errors import PosbenchError
 from posbench.evaluate import variant_of, variant_parts
+from posbench.masks import causal_mask
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS, EncodingConfig, PositionEncoding, build_encoding, rotate_pairs
 from posbench.reevaluate import eval_schema, run_config

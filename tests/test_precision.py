@@ -11,10 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench import runtime
-from posbench.attention import causal_mask, sdpa_attention
+from posbench.attention import sdpa_attention
 from posbench.config import check_config
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
+from posbench.masks import causal_mask
 from posbench.model import LanguageModel, ModelConfig
 from posbench.optim import make_optimizer
 from posbench.positional import ENCODINGS, build_encoding

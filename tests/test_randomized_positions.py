@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from posbench import attention as attention_mod
-from posbench.attention import Attention, causal_mask
+from posbench.attention import Attention
+from posbench.masks import causal_mask
 from posbench.positional import ENCODINGS, build_encoding, sample_positions
 from posbench.train import train
 

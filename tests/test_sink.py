@@ -11,11 +11,12 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench import attention as attention_mod
-from posbench.attention import causal_mask, reaching, reaching_block_mask
 from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
+from posbench.masks import causal_mask, reaching, reaching_block_mask
 from posbench.positional import build_encoding
 from posbench.reevaluate import evaluate_checkpoint, register
+from posbench.variant import AttentionVariant
 
 SEQ = 40
 
@@ -35,14 +36,14 @@ def test_the_mask_is_the_loop_definition():
             for j in range(7):
                 if visible(i, j, 2, 2):
                     expected[0, h, i, j] = -slope * (i - j)
-    torch.testing.assert_close(causal_mask(alibi, pos, pos, window=2, sink=2), expected)
+    torch.testing.assert_close(causal_mask(alibi, pos, pos, AttentionVariant(window=2, sink=2)), expected)
     assert expected[0, 0, 6, 1].isfinite() and not expected[0, 0, 6, 2].isfinite()  # a sink, then a cut key
 
 
 def test_sinks_beside_blocks_see_the_first_keys_too():
     nope = build_encoding({"name": "none"}, n_heads=1, head_dim=4, d_model=4, train_len=SEQ)
     pos = torch.arange(12)
-    seen = causal_mask(nope, pos, pos, blockwise=3, sink=1)[0, 0] == 0
+    seen = causal_mask(nope, pos, pos, AttentionVariant(blockwise=3, sink=1))[0, 0] == 0
     assert seen.tolist() == [[j <= i and (i // 3 - 1 <= j // 3 or j < 1) for j in range(12)] for i in range(12)]
 
 
@@ -55,12 +56,16 @@ def test_flex_block_mask_and_mask_mod_follow_the_definition():
     rows = -(-n // block)
     for window, sink in ((40, 4), (40, 130), (200, 4)):
         truth = torch.tensor([[visible(i, j, window, sink) for j in range(n)] for i in range(n)])
-        assert torch.equal(reaching(window, None, sink)(0, 0, q, k), truth)
+        assert torch.equal(reaching(AttentionVariant(window=window, sink=sink))(0, 0, q, k), truth)
         needed = torch.zeros(rows, rows, dtype=torch.bool)
         for a in range(rows):
             for b in range(rows):
                 needed[a, b] = truth[a * block : (a + 1) * block, b * block : (b + 1) * block].any()
-        listed = reaching_block_mask(n, window, None, torch.device("cpu"), sink=sink).to_dense()[0, 0].bool()
+        listed = (
+            reaching_block_mask(n, AttentionVariant(window=window, sink=sink), torch.device("cpu"))
+            .to_dense()[0, 0]
+            .bool()
+        )
         assert torch.equal(listed, needed), (window, sink)
 
 

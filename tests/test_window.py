@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from posbench import attention as attention_mod
-from posbench.attention import causal_mask
+from posbench.masks import causal_mask
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS, build_encoding
 from posbench.probes.context import ContextProbeConfig, context_usage, curve
+from posbench.variant import AttentionVariant
 
 TINY = dict(n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
 VOCAB, SEQ, WINDOW = 50, 40, 6
@@ -34,7 +35,7 @@ def tokens(length: int = SEQ, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor
 
 @torch.no_grad()
 def windowed_nll(lm: LanguageModel, window: int | None, x, y) -> torch.Tensor:
-    with lm.attention.evaluated_as(window=window):
+    with lm.attention.evaluated_as(AttentionVariant(window=window)):
         return lm.token_nll(x, y)
 
 
@@ -48,9 +49,9 @@ def test_banded_mask_matches_one_written_out_by_hand():
             for j in (i - 1, i):
                 if j >= 0:
                     expected[0, h, i, j] = -slope * (i - j)
-    torch.testing.assert_close(causal_mask(alibi, pos, pos, window=2), expected)
+    torch.testing.assert_close(causal_mask(alibi, pos, pos, AttentionVariant(window=2)), expected)
     nope = build_encoding({"name": "none"}, n_heads=2, head_dim=4, d_model=8, train_len=SEQ)
-    visible = causal_mask(nope, pos, pos, window=3)[0, 0] == 0
+    visible = causal_mask(nope, pos, pos, AttentionVariant(window=3))[0, 0] == 0
     assert visible.tolist() == [[0 <= i - j < 3 for j in range(5)] for i in range(5)]
 
 
@@ -62,9 +63,10 @@ def test_a_window_as_wide_as_the_sequence_changes_nothing(name, backend):
     plain = windowed_nll(lm, None, x, y)
     for window in (SEQ, SEQ + 7):
         assert torch.equal(windowed_nll(lm, window, x, y), plain)
-        with lm.attention.evaluated_as(window=window):  # the very plan of the plain pass: no window, sdpa's causal flag
+        # the very plan of the plain pass: no window, sdpa's causal flag
+        with lm.attention.evaluated_as(AttentionVariant(window=window)):
             plan = lm.attention.plan(SEQ, x.device, False, 0.0)
-        assert plan.window is None and (plan.mask is None) == (backend == "sdpa" and not lm.encoding.has_bias)
+        assert plan.reach.window is None and (plan.mask is None) == (backend == "sdpa" and not lm.encoding.has_bias)
 
 
 @pytest.mark.parametrize("name", list(ENCODINGS))
@@ -84,7 +86,7 @@ def test_query_blocks_keep_the_window(name, backend, monkeypatch):
     full = windowed_nll(build(name, backend), WINDOW, x, y)
     monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * TINY["n_heads"] * SEQ * 7)
     lm = build(name, backend)
-    with lm.attention.evaluated_as(window=WINDOW):
+    with lm.attention.evaluated_as(AttentionVariant(window=WINDOW)):
         assert lm.attention.plan(SEQ, x.device, False, 0.0).query_block == 7
     torch.testing.assert_close(windowed_nll(lm, WINDOW, x, y), full, atol=1e-5, rtol=1e-5)
 
@@ -104,9 +106,9 @@ def test_a_windowed_model_does_not_see_past_its_receptive_field(name):
 
 def test_the_window_is_undone_after_the_block():
     lm = build("alibi", "sdpa")
-    with lm.attention.evaluated_as(window=4):
-        assert lm.attention.window == 4
-    assert lm.attention.window is None
+    with lm.attention.evaluated_as(AttentionVariant(window=4)):
+        assert lm.attention.variant.window == 4
+    assert lm.attention.variant.window is None
 
 
 @pytest.mark.slow
@@ -126,7 +128,7 @@ def test_a_windowed_model_has_a_flat_context_curve_beyond_its_receptive_field():
     lm = build("alibi", "sdpa")
     stream = torch.randint(0, VOCAB, (400,), generator=torch.Generator().manual_seed(3))
     probe = ContextProbeConfig(targets=64, contexts=[4, 16, 32, 64], block=8)
-    with lm.attention.evaluated_as(window=WINDOW):
+    with lm.attention.evaluated_as(AttentionVariant(window=WINDOW)):
         nll = curve(context_usage(lm, stream, SEQ, probe, batch_tokens=4096))
     assert nll[16] == pytest.approx(nll[64], abs=1e-5) and nll[32] == pytest.approx(nll[64], abs=1e-5)
     assert abs(nll[4] - nll[64]) > 1e-3

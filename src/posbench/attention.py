@@ -10,19 +10,9 @@
 A dense bias grows as T²: past ``MASK_BUDGET`` bytes the eager and sdpa backends build it
 for one block of queries at a time, so memory stays linear in the sequence length.
 
-Evaluation-time variants of attention (``Attention.evaluated_as``), for any encoding:
-
-* ``window`` W (``eval.window``): every query attends to its last W keys (the window counterfactual);
-* ``blockwise`` W (``eval.blockwise``): blockwise causal attention (Sun et al., 2022, arXiv:2212.10554,
-  used there with xPos at inference): positions are cut into blocks of W and every query attends to
-  the keys of its own block and of the previous one;
-* ``temperature`` tau (``eval.attn_temperature``): q·kᵀ/√d multiplied by tau (Wang et al., 2024,
-  arXiv:2404.12224, scale λ·q·kᵀ/√d as there); the encoding's bias is not scaled;
-* ``sink`` S (``eval.sink``), with a window or blocks: the sequence's first S keys stay visible to every
-  query beside them (the attention sinks of Xiao et al., 2023, arXiv:2309.17453, which a window evicts).
-
-Window and blockwise both give every query a first visible key (``oldest_key``), sinks aside: a causal
-mask cut there in eager and sdpa, a BlockMask of the same rule in flex.
+An evaluation-time variant of attention (variant.py: window, blocks, sinks, temperature, log-n), for any
+encoding, is set whole by ``Attention.evaluated_as``: its keys are cut by the masks of masks.py, its
+scores scaled here.
 """
 
 from __future__ import annotations
@@ -38,57 +28,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cache import LayerCache
+from .masks import FLEX_BLOCK, causal_block_mask, causal_mask, reaching_block_mask
 from .positional import PositionEncoding
+from .variant import AS_TRAINED, AttentionVariant
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 #: Bytes of fp32 mask (or eager scores) held at once; longer sequences go block by block of queries.
 MASK_BUDGET = 256 * 2**20
-
-
-def oldest_key(q_pos, window: int | None = None, blockwise: int | None = None):
-    """The first key index that query index ``q_pos`` (an int or an integer tensor) attends to;
-    0 or less: every key before it. Never decreases with q.
-
-    ``window`` W: its last W keys, itself included. ``blockwise`` W: the keys of its own block
-    [W·b, W·(b+1)) and of the previous block, b = q // W. Both: the keys both allow.
-    """
-    by_window = q_pos * 0 if window is None else q_pos - window + 1
-    by_block = q_pos * 0 if blockwise is None else (q_pos // blockwise - 1) * blockwise
-    return torch.maximum(by_window, by_block) if isinstance(q_pos, Tensor) else max(by_window, by_block)
-
-
-def causal_mask(
-    encoding: PositionEncoding,
-    q_idx: Tensor,
-    k_idx: Tensor,
-    window: int | None = None,
-    blockwise: int | None = None,
-    positions: Tensor | None = None,
-    sink: int = 0,
-) -> Tensor:
-    """Float mask (1, H, Q, K) for the queries at indices ``q_idx`` (Q,) and the keys at ``k_idx`` (K,) of a
-    sequence — (1, 1, Q, K) without bias: the bias where k ≤ q, -inf above.
-
-    The bias is that of the tokens' ``positions`` (T,), or (B, T) for a mask (B, H, Q, K) with one bias per
-    sequence; ``None``: the indices are the positions. With ``window`` or ``blockwise``, also -inf before each
-    query's ``oldest_key``, except at the first ``sink`` key indices. Built in fp32 (bias at large distances
-    loses precision in bf16). The leading 1 matters: SDPA's fast CPU kernel takes a 4-D mask, while (H, Q, K)
-    silently falls to the math path.
-    """
-    hidden = k_idx[None, :] > q_idx[:, None]  # (Q, K)
-    if window is not None or blockwise is not None:
-        hidden |= (k_idx[None, :] < oldest_key(q_idx, window, blockwise)[:, None]) & (k_idx[None, :] >= sink)
-    if not encoding.has_bias:
-        return torch.zeros(1, 1, *hidden.shape, device=q_idx.device).masked_fill(hidden, float("-inf"))
-    if positions is None:
-        bias = encoding.bias(q_idx, k_idx)[None]
-    elif positions.dim() == 1:
-        bias = encoding.bias(positions[q_idx], positions[k_idx])[None]
-    else:  # a bias per sequence
-        bias = torch.stack([encoding.bias(row[q_idx], row[k_idx]) for row in positions])  # (B, H, Q, K)
-    return bias.float().masked_fill(hidden, float("-inf"))
 
 
 def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
@@ -153,10 +101,6 @@ def bias_score_mod(encoding: PositionEncoding, positions: Tensor | None = None):
     return score_mod if positions is None else score_mod_at_positions
 
 
-def causal(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-    return q_idx >= kv_idx
-
-
 #: ``auto`` runs flex from this length up for evaluation of bias encodings, where ``bench`` measured it
 #: faster than sdpa (docs/performance.md, "Design notes").
 FLEX_AUTO_MIN_LEN = 4096
@@ -165,70 +109,6 @@ FLEX_AUTO_MIN_LEN = 4096
 #: where ``scripts/backend_check.py`` measured it 1-29% faster than sdpa on 2 threads (at 1,024, 4% slower
 #: for RoPE); docs/performance.md has the table.
 EAGER_AUTO_MAX_TRAIN_LEN = 512
-
-#: FlexAttention's block size; flex sequences are padded to a multiple of it (``Attention.flex``).
-FLEX_BLOCK = 128
-
-
-def causal_block_mask(seq_len: int, device: torch.device, block: int = FLEX_BLOCK):
-    """Flex's causal BlockMask written down directly: query block i sees key blocks 0..i-1 whole
-    and block i through ``causal``. (``create_block_mask`` evaluates the mask on the full T×T
-    grid: 2.6 GB at 16,384 tokens.)"""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    n = -(-seq_len // block)
-    rows = torch.arange(n, device=device, dtype=torch.int32)
-    diagonal = torch.zeros(n, n, device=device, dtype=torch.int32)
-    diagonal[:, 0] = rows  # (n, n): each row's one partial block first, the rest unused
-    below = torch.arange(n, device=device, dtype=torch.int32).expand(n, n).contiguous()  # row i: 0..i-1 are used
-    kv_num_blocks = torch.ones(1, 1, n, device=device, dtype=torch.int32)
-    return BlockMask.from_kv_blocks(
-        kv_num_blocks,
-        diagonal[None, None],
-        rows[None, None],
-        below[None, None],
-        BLOCK_SIZE=block,
-        mask_mod=causal,
-        seq_lengths=(seq_len, seq_len),
-    )
-
-
-def reaching(window: int | None, blockwise: int | None, sink: int = 0):
-    """Flex ``mask_mod``: query q sees keys ``oldest_key(q)`` .. q and the first ``sink`` keys."""
-
-    def mask_mod(batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return (q_idx >= kv_idx) & ((kv_idx >= oldest_key(q_idx, window, blockwise)) | (kv_idx < sink))
-
-    return mask_mod
-
-
-def reaching_block_mask(
-    seq_len: int,
-    window: int | None,
-    blockwise: int | None,
-    device: torch.device,
-    block: int = FLEX_BLOCK,
-    sink: int = 0,
-):
-    """Flex's BlockMask of ``reaching``, written down directly like ``causal_block_mask``: query
-    block i sees the key blocks holding sinks, then those from the one holding its first query's
-    oldest key up to i, each through ``reaching`` (so no T×T grid is ever evaluated)."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    n = -(-seq_len // block)
-    rows = torch.arange(n, device=device, dtype=torch.int32)
-    lowest = oldest_key(rows * block, window, blockwise).clamp(min=0) // block  # (n,)
-    sinks = lowest.clamp(max=-(-sink // block))  # (n,): sink blocks before row i's lowest
-    column = rows[None, :]
-    # (n, n): row i's first sinks[i] + i - lowest[i] + 1 are used: 0 .. sinks - 1, then lowest .. i
-    indices = torch.where(column < sinks[:, None], column, lowest[:, None] + column - sinks[:, None]).clamp(max=n - 1)
-    return BlockMask.from_kv_blocks(
-        (sinks + rows - lowest + 1)[None, None],
-        indices[None, None].contiguous(),
-        BLOCK_SIZE=block,
-        mask_mod=reaching(window, blockwise, sink),
-        seq_lengths=(seq_len, seq_len),
-    )
 
 
 def logn_factors(seq_len: int, train_len: int, device=None) -> Tensor:
@@ -253,10 +133,8 @@ class Plan:
     mask: Tensor | None = None  # full (1, H|1, T, T) mask; None: causal flag, flex, or query blocks
     block_mask: object = None  # flex's BlockMask
     query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
-    # Each query's oldest key (``oldest_key``; ``Attention.evaluated_as``); both None: all before it.
-    window: int | None = None
-    blockwise: int | None = None
-    sink: int = 0  # the first keys, visible to every query whatever the window or blocks cut
+    # The keys each query sees (masks.py): as trained, or the evaluation-time variant's where it cuts some.
+    reach: AttentionVariant = AS_TRAINED
     positions: Tensor | None = None  # the tokens' positions (T,) or (B, T), for the encoding's rotation and bias
     #: The positions are the encoding's 0..T-1 (``counting``): masks are kept per length, flex biases by index.
     positions_are_indices: bool = True
@@ -273,40 +151,36 @@ class Attention:
     q and k (B, H, T, hd); the attention-anatomy probe reads them there (``probes/attention.py``).
     """
 
-    def __init__(self, backend: str, encoding: PositionEncoding, logn_train_len: int | None = None):
+    def __init__(
+        self,
+        backend: str,
+        encoding: PositionEncoding,
+        train_len: int | None = None,
+        variant: AttentionVariant = AS_TRAINED,
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if logn_train_len is not None and logn_train_len < 2:
-            raise ValueError(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {logn_train_len}")
-        self.backend, self.encoding, self.logn_train_len = backend, encoding, logn_train_len
+        self.backend, self.encoding, self.train_len = backend, encoding, train_len
+        self.variant = self.checked(variant)  # as evaluated outside ``evaluated_as``: log-n, if the model has it
         self.score_mod = bias_score_mod(encoding)
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
         self._warned: set[str] = set()
         self._cache: dict[tuple, object] = {}
-        # Evaluation-time variants, set by ``evaluated_as``; None: as trained.
-        self.window: int | None = None
-        self.blockwise: int | None = None
-        self.temperature: float | None = None
-        self.sink = 0
         self.observer: Callable[[Tensor, Tensor], None] | None = None
 
+    def checked(self, variant: AttentionVariant) -> AttentionVariant:
+        if variant.logn and (self.train_len is None or self.train_len < 2):
+            raise ValueError(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {self.train_len}")
+        return variant
+
     @contextlib.contextmanager
-    def evaluated_as(
-        self,
-        window: int | None = None,
-        blockwise: int | None = None,
-        temperature: float | None = None,
-        sink: int = 0,
-    ):
-        """Within the block, attend as an evaluation-time variant asks (module docstring; ``None``: as
-        trained): each query sees its last ``window`` keys, or its own and the previous block of
-        ``blockwise`` positions, and the first ``sink`` keys; ``temperature`` multiplies q·kᵀ/√d."""
-        previous = self.window, self.blockwise, self.temperature, self.sink
-        self.window, self.blockwise, self.temperature, self.sink = window, blockwise, temperature, sink
+    def evaluated_as(self, variant: AttentionVariant):
+        """Within the block, attend as ``variant`` asks (variant.py)."""
+        previous, self.variant = self.variant, self.checked(variant)
         try:
             yield
         finally:
-            self.window, self.blockwise, self.temperature, self.sink = previous
+            self.variant = previous
 
     def flex_obstacle(self, device: torch.device, needs_grad: bool, dropout_p: float) -> str | None:
         """Why flex cannot serve this pass, or ``None`` if it can."""
@@ -346,20 +220,19 @@ class Attention:
     ) -> Plan:
         """How every layer attends in a pass over sequences at ``positions`` (T,) or (B, T) (``None``: 0..T-1)."""
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
-        # A limit that cuts no key at this length (the last query sees key 0) is plain causal attention.
-        limited = oldest_key(seq_len - 1, self.window, self.blockwise) > 0
-        reach = dict(window=self.window, blockwise=self.blockwise, sink=self.sink) if limited else {}
+        limited = self.variant.cuts_at(seq_len)
+        reach = self.variant if limited else AS_TRAINED
         indices = self.encoding.counting(seq_len, device)
         positions = indices if positions is None else positions
-        plan = Plan(backend, seq_len, dropout_p, positions=positions, **reach)
+        plan = Plan(backend, seq_len, dropout_p, positions=positions, reach=reach)
         plan.positions_are_indices = positions is indices  # the same tensor: see PositionEncoding.counting
         if backend == "flex":
             padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
             if not limited:
                 plan.block_mask = self.cached(("block", padded, device), lambda: causal_block_mask(padded, device))
             else:
-                key = ("block", padded, device, self.window, self.blockwise, self.sink)
-                plan.block_mask = self.cached(key, lambda: reaching_block_mask(padded, device=device, **reach))
+                key = ("block", padded, device, reach)  # the variant is its own key: frozen, hashable
+                plan.block_mask = self.cached(key, lambda: reaching_block_mask(padded, reach, device))
             return plan
         if backend == "sdpa" and not self.encoding.has_bias and not limited:
             return plan  # is_causal: no mask at all
@@ -369,11 +242,12 @@ class Attention:
             plan.query_block = max(1, MASK_BUDGET // (4 * rows * heads * seq_len))
             return plan
         bias_positions = None if plan.positions_are_indices else positions
-        build = lambda: causal_mask(self.encoding, indices, indices, positions=bias_positions, **reach)  # noqa: E731
         if self.encoding.is_static and (plan.positions_are_indices or not self.encoding.has_bias):
-            plan.mask = self.cached(("mask", seq_len, device, *reach.values()), build)
+            key = ("mask", seq_len, device, reach)
+            plan.mask = self.cached(key, lambda: causal_mask(self.encoding, indices, indices, reach))
         else:  # rebuilt every pass: a learned bias, so that gradients reach it, or a bias at other positions
-            plan.mask = build()
+            bias_positions = None if plan.positions_are_indices else positions
+            plan.mask = causal_mask(self.encoding, indices, indices, reach, bias_positions)
         return plan
 
     def cached(self, key: tuple, build):
@@ -392,12 +266,11 @@ class Attention:
         if past == 0:
             return self.plan(new, device, False, 0.0)
         end = past + new
-        limited = oldest_key(end - 1, self.window, self.blockwise) > 0  # as in ``plan``
-        reach = dict(window=self.window, blockwise=self.blockwise, sink=self.sink) if limited else {}
+        reach = self.variant if self.variant.cuts_at(end) else AS_TRAINED  # as in ``plan``
         keys = torch.arange(end, device=device)
-        plan = Plan("eager" if self.backend == "eager" else "sdpa", new, positions=keys[past:], **reach)
+        plan = Plan("eager" if self.backend == "eager" else "sdpa", new, positions=keys[past:], reach=reach)
         plan.positions_are_indices = False
-        plan.mask = causal_mask(self.encoding, keys[past:], keys, **reach)  # (1, H|1, new, end)
+        plan.mask = causal_mask(self.encoding, keys[past:], keys, reach)  # (1, H|1, new, end)
         return plan
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None = None) -> Tensor:
@@ -406,10 +279,7 @@ class Attention:
         With ``cache``, the T tokens follow those in it: they attend to its keys too and are added to it.
         """
         q, k, v = self.positioned(q, k, v, plan, cache)
-        if self.logn_train_len is not None and k.shape[-2] > self.logn_train_len:  # the queries are the last keys
-            q = q * logn_factors(k.shape[-2], self.logn_train_len, q.device)[-q.shape[-2] :, None].to(q.dtype)
-        if self.temperature is not None:  # tau·q·kᵀ/√d; the encoding's bias is added unscaled
-            q = q * self.temperature
+        q = self.scaled(q, k.shape[-2])
         if self.observer is not None:
             self.observer(q, k)
         if plan.backend == "flex" and not self.flex_broken:
@@ -422,6 +292,14 @@ class Attention:
         if plan.backend == "flex":  # broken this pass: re-plan without flex
             plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
         return self.dense(q, k, v, plan)
+
+    def scaled(self, q: Tensor, seq_len: int) -> Tensor:
+        """The queries (the last of ``seq_len`` keys) scaled as the variant asks: log-n past the training
+        length, then the temperature tau (tau·q·kᵀ/√d; the encoding's bias is added unscaled)."""
+        variant = self.variant
+        if variant.logn and seq_len > self.train_len:
+            q = q * logn_factors(seq_len, self.train_len, q.device)[-q.shape[-2] :, None].to(q.dtype)
+        return q if variant.temperature is None else q * variant.temperature
 
     def positioned(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None):
         """q and k rotated at their positions; with ``cache``, the keys and values of every token so far."""
@@ -457,12 +335,10 @@ class Attention:
         out = []
         for s in range(0, plan.seq_len, plan.query_block):
             e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see the sinks and keys lo..e-1
-            lo = max(0, oldest_key(s, plan.window, plan.blockwise))  # older keys: hidden from every query here
-            sinks = min(plan.sink, lo)  # sink keys before lo (later ones are among lo..e-1)
+            lo = max(0, plan.reach.oldest_key(s))  # older keys: hidden from every query here
+            sinks = min(plan.reach.sink, lo)  # sink keys before lo (later ones are among lo..e-1)
             keys = torch.cat([idx[:sinks], idx[lo:e]])
-            mask = causal_mask(
-                self.encoding, idx[s:e], keys, plan.window, plan.blockwise, bias_positions, plan.sink
-            )  # (B|1, H|1, e-s, len(keys))
+            mask = causal_mask(self.encoding, idx[s:e], keys, plan.reach, bias_positions)  # (B|1, H|1, e-s, K)
             k_seen, v_seen = (k[:, :, lo:e], v[:, :, lo:e]) if sinks == 0 else (k[:, :, keys], v[:, :, keys])
             out.append(attend(q[:, :, s:e], k_seen, v_seen, mask, plan.dropout_p))
         return torch.cat(out, dim=2)  # (B, H, T, hd)

@@ -22,6 +22,7 @@ from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
 from .probes.config import ProbeConfig, check_probes
 from .runtime import check_precision, check_threads, resolve_device
+from .variant import AttentionVariant
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -171,16 +172,8 @@ def check_eval(e) -> None:
         raise PosbenchError(
             f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}"
         )
-    for key, keys in (("window", e.window), ("blockwise", e.blockwise)):
-        if keys is not None and keys < 1:
-            raise PosbenchError(f"eval.{key} must be a positive number of keys or null, got {keys}")
-    if e.sink < 0 or (e.sink and e.window is None and e.blockwise is None):
-        raise PosbenchError(
-            f"eval.sink keeps the first keys visible beside eval.window or eval.blockwise: it needs one of them "
-            f"and must be >= 0, got eval.sink={e.sink}"
-        )
-    if e.attn_temperature is not None and not 0 < e.attn_temperature < math.inf:
-        raise PosbenchError(f"eval.attn_temperature must be a positive number or null, got {e.attn_temperature}")
+    for problem in AttentionVariant.of(e).problems():  # the variant's own rules
+        raise PosbenchError(problem)
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
         raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")

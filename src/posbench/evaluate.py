@@ -40,6 +40,7 @@ from .runfolder import (
     ModelState,
     merge_rows,
 )
+from .variant import AttentionVariant
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +172,7 @@ def variant_of(encoding_cfg, eval_cfg=None, model_cfg=None) -> str:
     config = encoding_config(encoding_cfg)
     labels = ["" if config.randomized_positions is None else f"{RANDOMIZED_LABEL}{config.randomized_positions}"]
     labels.append(ENCODINGS[config.name][1].variant_label(config))
-    if model_cfg is not None and model_cfg.logn_scaling:
-        labels.append("logn")
-    if eval_cfg is not None:
-        keys = {"window": eval_cfg.window, "blockwise": eval_cfg.blockwise, "sink": eval_cfg.sink or None}
-        labels += [f"{name}{value}" for name, value in keys.items() if value is not None]
-        labels.append("" if eval_cfg.attn_temperature is None else f"temp{eval_cfg.attn_temperature:g}")
+    labels.append(AttentionVariant.of(eval_cfg, model_cfg).label())
     return "+".join(label for label in labels if label)
 
 
@@ -207,11 +203,9 @@ def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir,
     """One row per (split, eval_len) of the model in ``state``; also merges the per-position loss into
     ``run_dir/per_position.csv`` and the per-article loss into ``run_dir/per_article.csv``.
 
-    ``eval.window``, ``eval.blockwise``, ``eval.sink`` and ``eval.attn_temperature`` change the attention
-    (``Attention.evaluated_as``).
+    The evaluation-time variant of ``eval.*`` and ``model.logn_scaling`` changes the attention (variant.py).
     """
-    e = cfg.eval
-    with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
+    with model.attention.evaluated_as(AttentionVariant.of(cfg.eval, cfg.model)):
         return score_lengths(model, corpus, cfg, device, run_dir, state)
 
 

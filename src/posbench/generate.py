@@ -61,6 +61,7 @@ from .runfolder import (
     merge_rows,
 )
 from .runtime import autocast
+from .variant import AttentionVariant
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +292,7 @@ def generate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
     generator = torch.Generator(run.device).manual_seed(g.seed)
     out_dir = Path(out_dir)
     records, rows = [], []
-    with lock_run_dir(out_dir), model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
+    with lock_run_dir(out_dir), model.attention.evaluated_as(AttentionVariant.of(e, cfg.model)):
         run.taken_into(out_dir)  # a file that cannot take rows fails before sampling
         for i in range(0, len(prompts), g.batch_size):
             batch = prompts[i : i + g.batch_size]

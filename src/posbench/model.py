@@ -20,6 +20,7 @@ from .attention import Attention, Plan
 from .cache import KVCache, LayerCache
 from .positional import build_encoding
 from .runtime import autocast
+from .variant import AttentionVariant
 
 
 @dataclass
@@ -103,7 +104,7 @@ class LanguageModel(nn.Module):
         self.encoding = build_encoding(
             encoding_cfg, n_heads=cfg.n_heads, head_dim=head_dim, d_model=cfg.d_model, train_len=train_len
         )
-        self.attention = Attention(cfg.attention, self.encoding, logn_train_len=train_len if cfg.logn_scaling else None)
+        self.attention = Attention(cfg.attention, self.encoding, train_len, AttentionVariant(logn=cfg.logn_scaling))
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self.attention) for _ in range(cfg.n_layers))

@@ -27,8 +27,10 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from ..attention import MASK_BUDGET, causal_mask
+from ..attention import MASK_BUDGET
+from ..masks import causal_mask
 from ..positional import PositionEncoding
+from ..variant import AS_TRAINED, AttentionVariant
 from . import device_of, within_data
 
 COLUMNS = ["eval_len", "layer", "head", "entropy", "mean_distance", "mass_beyond_train_len", "status", "reason"]
@@ -50,10 +52,12 @@ def observing(model: nn.Module, observer):
 
 
 @torch.no_grad()
-def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int, **reach) -> dict[str, Tensor]:
+def head_stats(
+    encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int, variant: AttentionVariant = AS_TRAINED
+) -> dict[str, Tensor]:
     """Entropy, mean distance and mass beyond train_len per head (each (H,), float64) of one sequence's
-    attention, q and k (H, T, hd) already rotated; see the module for the definitions. ``reach``: the
-    ``window``, ``blockwise`` and ``sink`` of ``causal_mask`` the attention was evaluated with."""
+    attention, q and k (H, T, hd) already rotated (and scaled); see the module for the definitions.
+    ``variant``: the one the attention was evaluated in, whose keys it cut (masks.py)."""
     heads, length, head_dim = q.shape
     pos = torch.arange(length, device=q.device)
     per_block = max(1, MASK_BUDGET // (4 * heads * length))
@@ -61,7 +65,7 @@ def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int,
     for s in range(0, length, per_block):
         e = min(length, s + per_block)  # queries s..e-1 see keys 0..e-1
         scores = (q[:, s:e] @ k[:, :e].transpose(-2, -1)).float() * head_dim**-0.5
-        p = (scores + causal_mask(encoding, pos[s:e], pos[:e], **reach)[0]).softmax(-1)  # (H, e - s, e)
+        p = (scores + causal_mask(encoding, pos[s:e], pos[:e], variant)[0]).softmax(-1)  # (H, e - s, e)
         back = (pos[s:e, None] - pos[None, :e]).clamp(min=0)  # (e - s, e)
         entropy += torch.special.entr(p).sum((-1, -2)).double()
         distance += (p * back).sum((-1, -2)).double()
@@ -79,10 +83,9 @@ def head_stats(encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int,
 def stats_by_layer(model: nn.Module, window: Tensor, train_len: int) -> list[dict[str, Tensor]]:
     """``head_stats`` of every layer of ``model`` reading ``window`` (1-D), in one forward pass, attending
     as the model's evaluation-time variant asks (``Attention.evaluated_as``)."""
-    a = model.attention
-    reach = dict(window=a.window, blockwise=a.blockwise, sink=a.sink)
+    variant = model.attention.variant
     layers: list[dict[str, Tensor]] = []
-    with observing(model, lambda q, k: layers.append(head_stats(model.encoding, q[0], k[0], train_len, **reach))):
+    with observing(model, lambda q, k: layers.append(head_stats(model.encoding, q[0], k[0], train_len, variant))):
         model(window[None].to(device_of(model)))
     return layers
 

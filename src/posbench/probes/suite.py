@@ -18,6 +18,7 @@ from ..data import Corpus
 from ..errors import PosbenchError
 from ..evaluate import evaluate_lengths, variant_of
 from ..runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, PROBE_IDENTITY, RESULTS, ModelState, merge_rows
+from ..variant import AttentionVariant
 from .attention import attention_stats, bias_curves
 from .config import probe_config
 from .context import context_usage, default_contexts
@@ -93,7 +94,7 @@ def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, st
     )
     for name in cfg.probes:
         log.info("probe %s", name)
-        with model.attention.evaluated_as(e.window, e.blockwise, e.attn_temperature, e.sink):
+        with model.attention.evaluated_as(AttentionVariant.of(e, cfg.model)):
             tables = PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state)
         for csv, rows in tables.items():
             if csv != RESULTS:
