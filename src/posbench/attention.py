@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cache import LayerCache
+from .errors import raise_problems
 from .positional import PositionEncoding
 
 log = logging.getLogger(__name__)
@@ -262,6 +263,16 @@ class Plan:
     positions_are_indices: bool = True
 
 
+def attention_problems(backend: str, logn_train_len: int | None) -> list[str]:
+    """The rules of the attention's config: its backend, and a training length that log-n scaling can divide by."""
+    found = []
+    if backend not in BACKENDS:
+        found.append(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if logn_train_len is not None and logn_train_len < 2:
+        found.append(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {logn_train_len}")
+    return found
+
+
 class Attention:
     """The model's attention: rotates q and k, resolves the backend per pass, caches per-length masks.
 
@@ -274,10 +285,7 @@ class Attention:
     """
 
     def __init__(self, backend: str, encoding: PositionEncoding, logn_train_len: int | None = None):
-        if backend not in BACKENDS:
-            raise ValueError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if logn_train_len is not None and logn_train_len < 2:
-            raise ValueError(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {logn_train_len}")
+        raise_problems(attention_problems(backend, logn_train_len))
         self.backend, self.encoding, self.logn_train_len = backend, encoding, logn_train_len
         self.score_mod = bias_score_mod(encoding)
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
