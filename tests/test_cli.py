@@ -149,3 +149,31 @@ def test_a_refused_train_changes_nothing_in_the_folder(tmp_path, mini_data, posb
         assert (run / ".lock").read_bytes() == lock
     after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and p.suffix != ".log" and p.name != ".lock"}
     assert after == {p: b for p, b in before.items() if p.name != ".lock"}  # .hydra/config.yaml included
+
+
+def test_three_independent_mistakes_come_back_in_one_run(posbench, assert_one_line):
+    done = posbench("train", "model.n_heads=7", "encoding=rope", "encoding.theta=-1", "eval_lens=[]")
+    line = assert_one_line(done, "posbench: error: 3 problems: (1) ", "(2) ", "(3) ")
+    assert "model.d_model=256 is not divisible by model.n_heads=7" in line
+    assert "encoding=rope: encoding.theta must be positive, got -1" in line
+    assert "eval_lens=[] holds no length" in line
+
+
+def test_every_command_check_collects(tmp_path):
+    """eval, probe, generate and bench report every problem of their config at once, as train does."""
+    from posbench.bench import check_bench, register_bench_config
+    from posbench.generate import check_generate_command, register_generate
+    from posbench.probe import check_probe_command, register_probe
+    from posbench.reevaluate import check_command, register
+
+    register(), register_probe(), register_generate(), register_bench_config()
+    missing = f"checkpoint={tmp_path / 'none'}"
+    commands = {
+        "eval": (check_command, [missing, "eval.mode=wrong"]),
+        "probe": (check_probe_command, [missing, "eval.mode=wrong", "probes=[]"]),
+        "generate": (check_generate_command, [missing, "eval.mode=wrong", "generate.top_p=0"]),
+        "bench": (check_bench, ["model.n_heads=0", "train_steps=-1", "precisions=[fp64]"]),
+    }
+    for name, (check, overrides) in commands.items():
+        with pytest.raises(PosbenchError, match=rf"^{len(overrides)} problems: \(1\) .*\({len(overrides)}\) "):
+            validate_overrides(name, overrides, False, check)

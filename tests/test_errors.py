@@ -412,3 +412,26 @@ def test_cli_eval_piped_into_a_reader_that_has_gone_runs_to_its_end(tmp_path, sa
     done = into_closed_pipe([sys.executable, "-m", "posbench", "eval", f"checkpoint={run}", "eval_lens=[32,64]"])
     assert done.returncode == 0 and "Traceback" not in done.stderr and "Logging error" not in done.stderr
     assert sorted(pd.read_csv(run / "results.csv")["eval_len"].unique()) == [32, 64]
+
+
+def test_problems_gathers_every_rule_and_raises_once():
+    from posbench.errors import Problems, ProblemsFound
+
+    def refuses(what):
+        raise PosbenchError(f"{what} is wrong")
+
+    def refuses_two():
+        raise ProblemsFound(["c; d", "e"])
+
+    problems = Problems()
+    problems.add(["a.x must be positive, got 0"])
+    assert problems.run(refuses, "b.y") is False
+    assert problems.run(lambda: None) is True
+    assert problems.run(refuses_two) is False  # its problems kept apart, not as one joined line
+    with pytest.raises(ProblemsFound) as caught:
+        problems.raise_any()
+    assert caught.value.problems == ["a.x must be positive, got 0", "b.y is wrong", "c; d", "e"]
+    assert str(caught.value) == "4 problems: (1) a.x must be positive, got 0; (2) b.y is wrong; (3) c; d; (4) e"
+    assert isinstance(caught.value, ValueError)  # what a constructor given a bad config raises
+    assert str(ProblemsFound(["one alone"])) == "one alone"  # one problem reads as it did before
+    Problems().raise_any()  # none found: nothing raised

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cache import LayerCache
+from .errors import raise_problems
 from .masks import FLEX_BLOCK, causal_block_mask, causal_mask, reaching_block_mask
 from .positional import PositionEncoding
 from .variant import AS_TRAINED, AttentionVariant
@@ -140,6 +141,16 @@ class Plan:
     positions_are_indices: bool = True
 
 
+def attention_problems(backend: str, logn_train_len: int | None) -> list[str]:
+    """The rules of the attention's config: its backend, and a training length that log-n scaling can divide by."""
+    found = []
+    if backend not in BACKENDS:
+        found.append(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if logn_train_len is not None and logn_train_len < 2:
+        found.append(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {logn_train_len}")
+    return found
+
+
 class Attention:
     """The model's attention: rotates q and k, resolves the backend per pass, caches per-length masks.
 
@@ -158,8 +169,7 @@ class Attention:
         train_len: int | None = None,
         variant: AttentionVariant = AS_TRAINED,
     ):
-        if backend not in BACKENDS:
-            raise ValueError(f"model.attention must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise_problems(attention_problems(backend, train_len if variant.logn else None))
         self.backend, self.encoding, self.train_len = backend, encoding, train_len
         self.variant = self.checked(variant)  # as evaluated outside ``evaluated_as``: log-n, if the model has it
         self.score_mod = bias_score_mod(encoding)
@@ -169,8 +179,9 @@ class Attention:
         self.observer: Callable[[Tensor, Tensor], None] | None = None
 
     def checked(self, variant: AttentionVariant) -> AttentionVariant:
-        if variant.logn and (self.train_len is None or self.train_len < 2):
-            raise ValueError(f"model.logn_scaling needs train_len >= 2 (log(train_len) divides), got {self.train_len}")
+        """``variant``, if this attention can serve it (log-n divides by log(train_len))."""
+        if variant.logn:
+            raise_problems(attention_problems(self.backend, self.train_len or 0))
         return variant
 
     @contextlib.contextmanager

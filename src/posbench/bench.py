@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from .config import TrainConfig, check_buildable
-from .errors import PosbenchError
+from .config import TrainConfig
+from .errors import Problems
 from .evaluate import score_nonoverlapping
 from .io import write_csv
 from .markdown import markdown_table
-from .model import LanguageModel, ModelConfig
+from .model import LanguageModel, ModelConfig, build_problems
 from .optim import make_optimizer
 from .positional import ENCODINGS
 from .runtime import autocast, check_precision, freed_memory_kept, resolve_device, resolve_precision
@@ -85,47 +85,47 @@ class BenchConfig:
 
 
 def check_bench(cfg) -> None:
-    """Every number and name bench takes, checked before anything is measured."""
-    for key in ("vocab_size", "train_batch", "train_len", "eval_repeats"):
-        if cfg[key] < 1:
-            raise PosbenchError(f"{key} must be a positive integer, got {cfg[key]}")
-    for key in ("train_steps", "warmup"):
-        if cfg[key] < 0:
-            raise PosbenchError(f"{key} must be 0 or more, got {cfg[key]}")
+    """Every number and name bench takes, checked before anything is measured; all problems at once."""
+    problems = Problems()
+    problems.add(f"{key} must be a positive integer, got {cfg[key]}" for key in POSITIVE if cfg[key] < 1)
+    problems.add(f"{key} must be 0 or more, got {cfg[key]}" for key in ("train_steps", "warmup") if cfg[key] < 0)
     for key in ("encodings", "backends", "precisions"):
-        check_bench_list(key, cfg[key])
+        problems.add(bench_list_problems(key, cfg[key]))
     if cfg.eval_lens or not cfg.train_steps:  # eval_lens=[] times training alone
-        check_bench_list("eval_lens", cfg.eval_lens)
+        problems.add(bench_list_problems("eval_lens", cfg.eval_lens))
     if any(n < 1 for n in cfg.eval_lens):
-        raise PosbenchError(f"eval_lens must hold positive integers, got {list(cfg.eval_lens)}")
+        problems.add([f"eval_lens must hold positive integers, got {list(cfg.eval_lens)}"])
     unknown = [e for e in cfg.encodings or () if e not in ENCODINGS]
     if unknown:
-        raise PosbenchError(f"encodings: unknown {unknown}; choices: {', '.join(ENCODINGS)}")
-    resolve_device(cfg.device)
+        problems.add([f"encodings: unknown {unknown}; choices: {', '.join(ENCODINGS)}"])
+    problems.run(resolve_device, cfg.device)
     for precision in cfg.precisions:
-        check_precision(precision)
-    for backend in cfg.backends:
-        for name in cfg.encodings or ENCODINGS:
-            check_buildable(
-                ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}),
-                ENCODINGS[name][0](),
-                cfg.train_len,
-            )
+        problems.run(check_precision, precision)
+    models = [ModelConfig(**{**OmegaConf.to_container(cfg.model), "attention": backend}) for backend in cfg.backends]
+    encodings = [ENCODINGS[name][0]() for name in cfg.encodings or ENCODINGS if name in ENCODINGS]
+    built = [build_problems(model, encoding, cfg.train_len) for model in models for encoding in encodings]
+    problems.add(dict.fromkeys(p for found in built for p in found))  # a model's problem once, not once per pair
+    problems.raise_any()
 
 
-def check_bench_list(key: str, values) -> None:
+#: The numbers of bench that must be at least 1.
+POSITIVE = ("vocab_size", "train_batch", "train_len", "eval_repeats")
+
+
+def bench_list_problems(key: str, values) -> list[str]:
     """A list of what to measure names something, each once: ``[]`` would measure nothing (or, for encodings,
     everything, as ``null`` does) and a repeat would measure the same thing twice."""
     if values is None:  # encodings=null: every encoding
-        return
+        return []
     values = list(values)
     if not values:
         every = "; encodings=null measures every encoding" if key == "encodings" else ""
         alone = " (with train_steps=0 nothing is trained either)" if key == "eval_lens" else ""
-        raise PosbenchError(f"{key}=[] names nothing to measure{alone}{every}")
+        return [f"{key}=[] names nothing to measure{alone}{every}"]
     repeated = sorted({str(v) for v in values if values.count(v) > 1})
     if repeated:
-        raise PosbenchError(f"{key} names {', '.join(repeated)} more than once, got {values}")
+        return [f"{key} names {', '.join(repeated)} more than once, got {values}"]
+    return []
 
 
 def register_bench_config() -> None:

@@ -7,6 +7,7 @@ and ``python -m posbench train -m encoding=alibi,rope`` both sweep.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import shutil
@@ -210,7 +211,7 @@ def cmd_train(args: list[str]) -> int:
     from .config import check_config
     from .train import train
 
-    return run_hydra("train", train, args, check=check_config)
+    return run_hydra("train", functools.partial(train, checked=True), args, check=check_config)
 
 
 def cmd_eval(args: list[str]) -> int:

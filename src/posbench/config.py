@@ -1,7 +1,8 @@
 """Structured configs: the dataclasses that validate every YAML file and override.
 
 A misspelt key or a value of the wrong type fails when the config is composed,
-before any data is read. ``check_config`` adds the checks a type cannot express.
+before any data is read. ``check_config`` adds the rules a type cannot express, and reports every
+problem they find at once (``errors.Problems``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .costs import check_randomized_positions
 from .data import DataConfig
-from .errors import PosbenchError
+from .errors import PosbenchError, Problems, raise_problems
 from .logger import check_logger
-from .model import LanguageModel, ModelConfig
+from .model import ModelConfig, build_problems
 from .positional import ENCODINGS
-from .probes.config import ProbeConfig, check_probes
+from .probes.config import ProbeConfig, probes_problems
 from .runtime import check_precision, check_threads, resolve_device
 from .variant import AttentionVariant
 
@@ -161,22 +162,24 @@ def eval_lens_of(cfg) -> list[int]:
 EVAL_MODES = ("nonoverlapping", "sliding")
 
 
-def check_eval(e) -> None:
+def eval_problems(e) -> list[str]:
+    """The rules of ``eval.*``."""
+    found = []
     if e.mode not in EVAL_MODES:
-        raise PosbenchError(f"eval.mode must be one of {', '.join(EVAL_MODES)}, got {e.mode!r}")
+        found.append(f"eval.mode must be one of {', '.join(EVAL_MODES)}, got {e.mode!r}")
     if e.mode == "sliding" and (e.stride is None or e.stride < 1):
-        raise PosbenchError(f"eval.mode=sliding needs a positive eval.stride=S, got {e.stride}")
+        found.append(f"eval.mode=sliding needs a positive eval.stride=S, got {e.stride}")
     if e.per_position_exact < 0 or e.per_position_bucket < 1:
-        raise PosbenchError("eval.per_position_exact must be >= 0 and eval.per_position_bucket >= 1")
+        found.append("eval.per_position_exact must be >= 0 and eval.per_position_bucket >= 1")
     if e.batch_tokens < 1 or (e.max_tokens is not None and e.max_tokens < 2):
-        raise PosbenchError(
+        found.append(
             f"eval.batch_tokens must be >= 1 and eval.max_tokens >= 2 or null, got {e.batch_tokens}, {e.max_tokens}"
         )
-    for problem in AttentionVariant.of(e).problems():  # the variant's own rules
-        raise PosbenchError(problem)
+    found += AttentionVariant.of(e).problems()  # the variant's own rules
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
-        raise PosbenchError(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
+        found.append(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
+    return found
 
 
 #: What ``null`` means for each list of lengths, said when one is given empty.
@@ -187,13 +190,16 @@ NULL_LENGTHS = {
 }
 
 
-def check_lengths(key: str, values: list) -> None:
+def lengths_problems(key: str, values: list) -> list[str]:
+    """A list of lengths: not empty, positive integers, none twice (one problem at most: each rule reads the
+    list as the one before left it)."""
     if not values:
-        raise PosbenchError(f"{key}=[] holds no length; give at least one ({key}=null: {NULL_LENGTHS[key]})")
+        return [f"{key}=[] holds no length; give at least one ({key}=null: {NULL_LENGTHS[key]})"]
     if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
-        raise PosbenchError(f"{key} must hold positive integers, got {values if key in NULL_LENGTHS else values[0]}")
+        return [f"{key} must hold positive integers, got {values if key in NULL_LENGTHS else values[0]}"]
     if len(set(values)) < len(values):  # a length measured twice would be written twice under one key
-        raise PosbenchError(f"{key} must not repeat a length, got {values}")
+        return [f"{key} must not repeat a length, got {values}"]
+    return []
 
 
 def train_lengths_of(cfg) -> list[int]:
@@ -210,32 +216,35 @@ def train_lengths_label(cfg) -> str:
     return (">" if cfg.train.length_order == "curriculum" else "|").join(map(str, train_lengths_of(cfg)))
 
 
-def check_train_lengths(cfg) -> None:
+def train_lengths_problems(cfg) -> list[str]:
     """``train.lengths``: positive, distinct, longest = train_len, each keeping tokens per step equal."""
     t = cfg.train
     if t.length_order not in LENGTH_ORDERS:
-        raise PosbenchError(f"train.length_order must be one of {', '.join(LENGTH_ORDERS)}, got {t.length_order!r}")
+        return [f"train.length_order must be one of {', '.join(LENGTH_ORDERS)}, got {t.length_order!r}"]
     if t.lengths is None:
         if t.length_order != "random":  # one length has no order: the curriculum would be silently ignored
-            raise PosbenchError(f"train.length_order={t.length_order} orders train.lengths, which is not given")
-        return
+            return [f"train.length_order={t.length_order} orders train.lengths, which is not given"]
+        return []
     lengths = list(t.lengths)
-    check_lengths("train.lengths", lengths)
+    found = lengths_problems("train.lengths", lengths)
+    if found:  # the rules below divide by the lengths
+        return found
     if max(lengths) != cfg.train_len:
-        raise PosbenchError(
+        found.append(
             f"train.lengths={lengths} needs train_len={max(lengths)}, its longest (the length results.csv "
             f"names and the model is built for), got train_len={cfg.train_len}"
         )
     tokens = t.batch_size * cfg.train_len
     uneven = [length for length in lengths if tokens % length]
     if uneven:
-        raise PosbenchError(
+        found.append(
             f"train.lengths: {uneven} cannot keep tokens per step equal: each length must divide "
             f"train.batch_size x train_len = {tokens}"
         )
+    return found
 
 
-def check_optimizer(t) -> None:
+def optimizer_problems(t) -> list[str]:
     """The schedule, weight decay, clipping and spike flags: a negative, zero, NaN or infinite value would
     train wrongly (a negative final lr climbs the loss) or fail once training starts, so it stops here."""
     rules = [
@@ -247,32 +256,31 @@ def check_optimizer(t) -> None:
         ("loss_spike_ratio", t.loss_spike_ratio > 1, "a number above 1"),
         ("grad_spike_ratio", t.grad_spike_ratio > 1, "a number above 1"),
     ]
-    for key, ok, what in rules:
-        if not (ok and math.isfinite(t[key])):
-            raise PosbenchError(f"train.{key} must be {what}, got {t[key]}")
+    bad = [(key, what) for key, ok, what in rules if not (ok and math.isfinite(t[key]))]
+    return [f"train.{key} must be {what}, got {t[key]}" for key, what in bad]
 
 
-def check_train(cfg) -> None:
+def train_problems(cfg) -> list[str]:
+    """The rules of ``train.*`` and ``seed``."""
     t = cfg.train
-    for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every"):
-        if t[key] < 1:
-            raise PosbenchError(f"train.{key} must be a positive integer, got {t[key]}")
+    found = [
+        f"train.{key} must be a positive integer, got {t[key]}"
+        for key in ("steps", "batch_size", "eval_every", "log_every", "checkpoint_every")
+        if t[key] < 1
+    ]
     if t.val_tokens is not None and t.val_tokens < 2:  # [:0] or [:-n] validates on the wrong tokens, [:1] on none
-        raise PosbenchError(
-            f"train.val_tokens must be at least 2 (the first token is no target) or null, got {t.val_tokens}"
-        )
+        found.append(f"train.val_tokens must be at least 2 (the first token is no target) or null, got {t.val_tokens}")
     if not 0 <= cfg.seed < 2**64:  # numpy's generators take no negative seed, torch none past 64 bits
-        raise PosbenchError(f"seed must be an integer in [0, 2**64), got {cfg.seed}")
-    check_optimizer(t)
+        found.append(f"seed must be an integer in [0, 2**64), got {cfg.seed}")
+    found += optimizer_problems(t)
     if t.patience is not None and t.patience < 1:
-        raise PosbenchError(f"train.patience must be a positive number of validation checks or null, got {t.patience}")
+        found.append(f"train.patience must be a positive number of validation checks or null, got {t.patience}")
     if not 0 <= t.copy_fraction <= 1:
-        raise PosbenchError(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
-    check_train_lengths(cfg)
+        found.append(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
+    found += train_lengths_problems(cfg)
     if t.val_lens is not None:
-        check_lengths("train.val_lens", list(t.val_lens))
-        if len(set(t.val_lens)) < len(t.val_lens):
-            raise PosbenchError(f"train.val_lens must not repeat a length, got {list(t.val_lens)}")
+        found += lengths_problems("train.val_lens", list(t.val_lens))
+    return found
 
 
 def val_lens_of(cfg) -> list[int]:
@@ -280,32 +288,30 @@ def val_lens_of(cfg) -> list[int]:
     return sorted(cfg.train.val_lens) if cfg.train.val_lens is not None else []
 
 
-def check_buildable(model_cfg, encoding_cfg, train_len: int) -> None:
-    """Build the model (vocabulary of one word): its constructors own the rules of model and encoding."""
-    try:
-        LanguageModel(model_cfg, encoding_cfg, vocab_size=1, train_len=train_len)
-    except (ValueError, TypeError) as e:
-        message = str(e)  # a model rule names its key first; any other comes from the encoding
-        raise PosbenchError(
-            message if message.startswith("model.") else f"encoding={encoding_cfg.name}: {message}"
-        ) from None
-
-
-def check_runtime(cfg) -> None:
+def runtime_problems(problems: Problems, cfg) -> None:
     """Device, precision, threads and logger: what the machine must offer, checked before any data is read."""
-    resolve_device(cfg.device)
-    check_precision(cfg.precision)
-    check_threads(cfg.threads)
-    check_logger(cfg.logger)
+    problems.run(resolve_device, cfg.device)
+    problems.run(check_precision, cfg.precision)
+    problems.run(check_threads, cfg.threads)
+    problems.run(check_logger, cfg.logger)
+
+
+def config_problems(cfg) -> list[str]:
+    """Every problem of a train config that its schema's types cannot catch, each naming its key."""
+    problems = Problems()
+    problems.add(lengths_problems("train_len", [cfg.train_len]))
+    if cfg.eval_lens is not None:  # null: multiples of train_len, right when train_len is
+        problems.add(lengths_problems("eval_lens", list(cfg.eval_lens)))
+    problems.add(train_problems(cfg))
+    problems.add(eval_problems(cfg.eval))
+    problems.add(probes_problems(cfg.probes, cfg.probe))
+    runtime_problems(problems, cfg)
+    problems.add(build_problems(cfg.model, cfg.encoding, cfg.train_len))
+    if not problems.found:  # a cost is estimated for a config that is right otherwise (it divides by its lengths)
+        problems.run(check_randomized_positions, cfg, resolve_device(cfg.device))
+    return problems.found
 
 
 def check_config(cfg) -> None:
-    """Raise PosbenchError for what the schema's types cannot catch."""
-    check_lengths("train_len", [cfg.train_len])
-    check_lengths("eval_lens", eval_lens_of(cfg))
-    check_train(cfg)
-    check_eval(cfg.eval)
-    check_probes(cfg.probes, cfg.probe)
-    check_runtime(cfg)
-    check_randomized_positions(cfg, resolve_device(cfg.device))  # before building a learned table of them
-    check_buildable(cfg.model, cfg.encoding, cfg.train_len)
+    """Raise ProblemsFound with every problem of ``config_problems``: all of them in one line."""
+    raise_problems(config_problems(cfg))

@@ -11,10 +11,58 @@ import contextlib
 import errno
 import os
 import sys
+from typing import Callable, Iterable
 
 
 class PosbenchError(Exception):
     """A user-facing problem: bad input, missing data, unusable checkpoint."""
+
+
+class ProblemsFound(PosbenchError, ValueError):
+    """Every problem the rules of a config found, as one line: the problem alone, or
+    ``3 problems: (1) ...; (2) ...; (3) ...`` (numbered: a problem's own text may hold a semicolon).
+
+    A ValueError too: a constructor given a bad config raises it, as a bad argument of Python's own does."""
+
+    def __init__(self, problems: Iterable[str]):
+        self.problems = list(problems)
+        numbered = "; ".join(f"({i}) {p}" for i, p in enumerate(self.problems, 1))
+        super().__init__(self.problems[0] if len(self.problems) == 1 else f"{len(self.problems)} problems: {numbered}")
+
+
+def raise_problems(problems: Iterable[str]) -> None:
+    """Raise ProblemsFound when a rule found any problem."""
+    problems = list(problems)
+    if problems:
+        raise ProblemsFound(problems)
+
+
+class Problems:
+    """A command's problems, gathered from every rule before one ProblemsFound reports them all.
+
+    A rule either returns its problems (``add``) or raises a PosbenchError for its first one (``run``:
+    the checks of the device, the data and the like, which other code calls to stop at once)."""
+
+    def __init__(self):
+        self.found: list[str] = []
+
+    def add(self, problems: Iterable[str]) -> None:
+        self.found.extend(problems)
+
+    def run(self, rule: Callable, *args) -> bool:
+        """``rule(*args)``, its problems kept and the next rule run all the same; True when it found none."""
+        try:
+            rule(*args)
+        except ProblemsFound as e:
+            self.found.extend(e.problems)
+        except PosbenchError as e:
+            self.found.append(str(e))
+        else:
+            return True
+        return False
+
+    def raise_any(self) -> None:
+        raise_problems(self.found)
 
 
 class Interrupted(PosbenchError):

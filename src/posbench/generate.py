@@ -47,10 +47,10 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from .data import UNK, Corpus
-from .errors import PosbenchError
+from .errors import PosbenchError, raise_problems
 from .evaluate import variant_of
 from .model import LanguageModel
-from .reevaluate import EvalCommandConfig, check_command, command_line_keys, load_run, register
+from .reevaluate import EvalCommandConfig, command_line_keys, command_problems, load_run, register
 from .runfolder import (
     GENERATION,
     MEASUREMENT_KEYS,
@@ -118,8 +118,8 @@ def register_generate() -> None:
     register("generate_schema", GenerateCommandConfig)
 
 
-def check_generate(g, train_len: int | None = None) -> None:
-    """Every ``generate.*`` rule; those on lengths that default to a multiple of ``train_len`` once it is known."""
+def generate_problems(g) -> list[str]:
+    """The rules of ``generate.*`` that need no run: all but those on the lengths that wait for its train_len."""
     rules = [
         ("prompts", g.prompts >= 1, "a positive integer"),
         ("prompt_len", g.prompt_len is None or g.prompt_len >= 1, "a positive integer or null"),
@@ -131,14 +131,24 @@ def check_generate(g, train_len: int | None = None) -> None:
         ("window", g.window >= 1, "a positive integer"),
         ("repetition_threshold", 0 <= g.repetition_threshold <= 1, "in [0, 1]"),
     ]
-    for key, ok, what in rules:
-        if not ok:
-            raise PosbenchError(f"generate.{key} must be {what}, got {g[key]}")
+    found = [f"generate.{key} must be {what}, got {g[key]}" for key, ok, what in rules if not ok]
     if g.text is not None and not g.text.split():
-        raise PosbenchError("generate.text holds no words; give some, or leave it out for prompts from the test split")
+        found.append("generate.text holds no words; give some, or leave it out for prompts from the test split")
+    return found
+
+
+def length_problems(g, train_len: int | None) -> list[str]:
+    """The sample must outlast its prompt; a length left null waits for ``train_len``."""
     prompt_len, max_len = lengths(g, train_len)
     if prompt_len is not None and max_len is not None and max_len < prompt_len:
-        raise PosbenchError(f"generate.max_len={max_len} is shorter than the prompt ({prompt_len} tokens)")
+        return [f"generate.max_len={max_len} is shorter than the prompt ({prompt_len} tokens)"]
+    return []
+
+
+def check_generate(g, train_len: int | None = None) -> None:
+    """Every ``generate.*`` rule at once; those on lengths that default to a multiple of ``train_len`` once it is
+    known."""
+    raise_problems(generate_problems(g) + length_problems(g, train_len))
 
 
 def lengths(g, train_len: int | None) -> tuple[int | None, int | None]:
@@ -152,8 +162,8 @@ def lengths(g, train_len: int | None) -> tuple[int | None, int | None]:
 
 def check_generate_command(cfg: DictConfig) -> None:
     """What can be checked before loading anything: the checkpoint, ``eval.*`` and ``generate.*``."""
-    check_command(cfg)
-    check_generate(cfg.generate)
+    g = cfg.generate
+    raise_problems(command_problems(cfg) + generate_problems(g) + length_problems(g, None))
 
 
 @dataclass
@@ -277,13 +287,15 @@ def describe_samples(prompts: list[Prompt], sampled: Sampled, corpus: Corpus, g,
     return records, rows
 
 
-def generate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> pd.DataFrame:
+def generate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, checked: bool = False) -> pd.DataFrame:
     """Generate from ``command.checkpoint`` (``keys`` of ``command`` overridden) into ``out_dir``; returns the
-    generation.csv rows written."""
-    check_generate_command(command)
+    generation.csv rows written. ``checked`` as for ``reevaluate.evaluate_checkpoint``."""
+    if not checked:
+        check_generate_command(command)
     run = load_run(command, keys)
     g, cfg, model = command.generate, run.cfg, run.model
-    check_generate(g, cfg.train_len)
+    if None in lengths(g, None):  # a length waited for the run's train_len: its rule runs now
+        raise_problems(length_problems(g, cfg.train_len))
     prompt_len, max_len = lengths(g, cfg.train_len)
     prompts = prompts_of(run.corpus, g, prompt_len)
     e = cfg.eval
@@ -313,4 +325,4 @@ def generate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> 
 def generate_command(cfg: DictConfig, out_dir: str) -> pd.DataFrame:
     """The Hydra task of ``posbench generate``."""
     keys = [key for key in command_line_keys() if key.split(".")[0] != "generate"]  # not the run's config
-    return generate_checkpoint(cfg, keys, Path(out_dir))
+    return generate_checkpoint(cfg, keys, Path(out_dir), checked=True)

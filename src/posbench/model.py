@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import Attention, Plan
+from .attention import Attention, Plan, attention_problems
 from .cache import KVCache, LayerCache
-from .positional import build_encoding
+from .errors import raise_problems
+from .positional import Dimensions, build_encoding, encoding_problems
 from .runtime import autocast
 from .variant import AttentionVariant
 
@@ -48,18 +49,29 @@ class ModelConfig:
     logn_scaling: bool = False
 
 
-def check_model(cfg: ModelConfig) -> None:
-    """The rules of a model config that its types cannot express (the backend: ``Attention``)."""
-    for key in ("n_layers", "d_model", "n_heads", "d_ff"):
-        value = getattr(cfg, key)
-        if value < 1:
-            raise ValueError(f"model.{key} must be positive, got {value}")
-    if cfg.d_model % cfg.n_heads:
-        raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
+def model_problems(cfg: ModelConfig) -> list[str]:
+    """The rules of a model config that its types cannot express (the backend's: ``attention_problems``)."""
+    sizes = {key: getattr(cfg, key) for key in ("n_layers", "d_model", "n_heads", "d_ff")}
+    found = [f"model.{key} must be positive, got {value}" for key, value in sizes.items() if value < 1]
+    if cfg.n_heads >= 1 and cfg.d_model % cfg.n_heads:
+        found.append(f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}")
     if not 0 <= cfg.dropout < 1:
-        raise ValueError(f"model.dropout must be in [0, 1), got {cfg.dropout}")
+        found.append(f"model.dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.attn_dropout is not None and not 0 <= cfg.attn_dropout <= 1:
-        raise ValueError(f"model.attn_dropout must be in [0, 1] or null, got {cfg.attn_dropout}")
+        found.append(f"model.attn_dropout must be in [0, 1] or null, got {cfg.attn_dropout}")
+    return found
+
+
+def build_problems(cfg: ModelConfig, encoding_cfg, train_len: int) -> list[str]:
+    """Every problem ``LanguageModel(cfg, encoding_cfg, ..., train_len)`` would raise, found without building it:
+    the model's own, its attention's and its encoding's (``encoding=NAME: ...``)."""
+    found = model_problems(cfg) + attention_problems(cfg.attention, train_len if cfg.logn_scaling else None)
+    whole = cfg.n_heads >= 1 and cfg.d_model % cfg.n_heads == 0
+    # Head size 0 while d_model / n_heads is no whole number: that is the model's problem, said once above,
+    # and no encoding rule finds fault with it.
+    dims = Dimensions(cfg.n_heads, cfg.d_model // cfg.n_heads if whole else 0, cfg.d_model, train_len)
+    name = encoding_cfg["name"] if isinstance(encoding_cfg, dict) else encoding_cfg.name
+    return found + [f"encoding={name}: {problem}" for problem in encoding_problems(encoding_cfg, dims)]
 
 
 class SelfAttention(nn.Module):
@@ -98,7 +110,7 @@ class LanguageModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, encoding_cfg, vocab_size: int, train_len: int, precision: str = "fp32"):
         super().__init__()
-        check_model(cfg)
+        raise_problems(model_problems(cfg))
         self.cfg, self.precision = cfg, precision
         head_dim = cfg.d_model // cfg.n_heads
         self.encoding = build_encoding(

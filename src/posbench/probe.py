@@ -13,10 +13,10 @@ from typing import List
 
 from omegaconf import DictConfig
 
-from .errors import PosbenchError
-from .probes.config import PROBES, ProbeConfig, check_probes
+from .errors import raise_problems
+from .probes.config import PROBES, ProbeConfig, probes_problems
 from .probes.suite import check_probe_data, run_probes
-from .reevaluate import EvalCommandConfig, check_command, command_line_keys, load_run, register
+from .reevaluate import EvalCommandConfig, command_line_keys, command_problems, load_run, register
 from .runfolder import lock_run_dir
 
 
@@ -33,15 +33,17 @@ def register_probe() -> None:
 
 def check_probe_command(cfg: DictConfig) -> None:
     """What can be checked before loading anything: the checkpoint, ``eval.*``, the probes and ``probe.*``."""
-    check_command(cfg)
+    found = command_problems(cfg)
     if not cfg.probes:  # for train, probes=[] skips the probes; here it would make a command that does nothing
-        raise PosbenchError("probes=[] names no probe for posbench probe to run; leave it out for all of them")
-    check_probes(cfg.probes, cfg.probe)
+        found.append("probes=[] names no probe for posbench probe to run; leave it out for all of them")
+    raise_problems(found + probes_problems(cfg.probes, cfg.probe))
 
 
-def probe_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> None:
-    """Run ``command.probes`` on ``command.checkpoint`` (``keys`` of ``command`` overridden) into ``out_dir``."""
-    check_probe_command(command)
+def probe_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, checked: bool = False) -> None:
+    """Run ``command.probes`` on ``command.checkpoint`` (``keys`` of ``command`` overridden) into ``out_dir``;
+    ``checked`` as for ``reevaluate.evaluate_checkpoint``."""
+    if not checked:
+        check_probe_command(command)
     run = load_run(command, keys)
     run.cfg.probes, run.cfg.probe = command.probes, command.probe
     check_probe_data(run.corpus, run.cfg, run.device)
@@ -52,4 +54,4 @@ def probe_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> Non
 
 def probe_command(cfg: DictConfig, out_dir: str) -> None:
     """The Hydra task of ``posbench probe``."""
-    probe_checkpoint(cfg, command_line_keys(), Path(out_dir))
+    probe_checkpoint(cfg, command_line_keys(), Path(out_dir), checked=True)

@@ -23,9 +23,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .checkpoint import check_vocab, load_checkpoint
-from .config import EvalConfig, check_config, check_eval, config_on_schema
+from .config import EvalConfig, check_config, config_on_schema, eval_problems
 from .data import Corpus, DataConfig, load_corpus
-from .errors import PosbenchError
+from .errors import PosbenchError, raise_problems
 from .evaluate import evaluate_lengths
 from .model import LanguageModel
 from .positional import variant_namespaces
@@ -89,18 +89,22 @@ def register(schema: str = "eval_schema", base: type = EvalCommandConfig) -> Non
     OmegaConf.register_new_resolver("posbench_run_dir", run_folder, replace=True)
 
 
-def check_command(cfg) -> None:
-    """What can be checked before loading anything."""
+def command_problems(cfg) -> list[str]:
+    """What can be checked before loading anything: the checkpoint and ``eval.*``."""
+    found = eval_problems(cfg.eval)
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise PosbenchError("eval needs checkpoint=PATH (a checkpoint.pt or the run folder holding one)")
+        return ["eval needs checkpoint=PATH (a checkpoint.pt or the run folder holding one)", *found]
     path = Path(cfg.checkpoint)
     if path.is_dir() and not (path / CHECKPOINT).is_file():
-        raise PosbenchError(
-            f"checkpoint={path}: the folder holds no {CHECKPOINT} (a run saves it at its first validation)"
-        )
-    if not path.is_dir() and not path.is_file():
-        raise PosbenchError(f"checkpoint {path} does not exist")
-    check_eval(cfg.eval)
+        found.insert(0, f"checkpoint={path}: the folder holds no {CHECKPOINT} (a run saves it at its first validation)")
+    elif not path.is_dir() and not path.is_file():
+        found.insert(0, f"checkpoint {path} does not exist")
+    return found
+
+
+def check_command(cfg) -> None:
+    """``posbench eval``'s check: every problem of ``command_problems`` at once."""
+    raise_problems(command_problems(cfg))
 
 
 def run_config(saved: DictConfig, command: DictConfig, keys: list[str]) -> DictConfig:
@@ -138,8 +142,8 @@ class LoadedRun:
 
 
 def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
-    """Load ``command.checkpoint``, its config with ``keys`` of ``command`` overridden, and its data."""
-    check_command(command)
+    """Load ``command.checkpoint`` (a checked command), its config with ``keys`` of ``command`` overridden, and its
+    data."""
     path = Path(command.checkpoint)
     payload = load_checkpoint(path)
     state = model_state(payload, path / CHECKPOINT if path.is_dir() else path)
@@ -165,8 +169,13 @@ def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
     return LoadedRun(cfg, corpus, model, device, state)
 
 
-def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path) -> pd.DataFrame:
-    """Evaluate ``command.checkpoint`` with ``keys`` of ``command`` overridden; merge rows into ``out_dir``."""
+def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, checked: bool = False) -> pd.DataFrame:
+    """Evaluate ``command.checkpoint`` with ``keys`` of ``command`` overridden; merge rows into ``out_dir``.
+
+    ``checked``: ``check_command`` has run on ``command`` (``posbench eval`` runs it on every job before the first
+    starts); a direct call leaves it False, and the command is checked here."""
+    if not checked:
+        check_command(command)
     run = load_run(command, keys)
     out_dir = Path(out_dir)
     with lock_run_dir(out_dir):
@@ -187,4 +196,4 @@ def command_line_keys() -> list[str]:
 
 def eval_command(cfg: DictConfig, out_dir: str) -> pd.DataFrame:
     """The Hydra task of ``posbench eval``."""
-    return evaluate_checkpoint(cfg, command_line_keys(), Path(out_dir))
+    return evaluate_checkpoint(cfg, command_line_keys(), Path(out_dir), checked=True)

@@ -396,9 +396,13 @@ def signals_deferred():
             signal.signal(s, h)
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train (or resume), keep the best model by validation loss, evaluate it; returns the final metrics."""
-    check_config(cfg)
+def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
+    """Train (or resume), keep the best model by validation loss, evaluate it; returns the final metrics.
+
+    ``checked``: ``check_config`` has run on ``cfg`` (``posbench train`` runs it on every job before the first
+    starts, and passes True); a direct call leaves it False, and the config is checked here, once."""
+    if not checked:
+        check_config(cfg)
     world = distributed.setup()  # one process alone, or this rank's place under torchrun / SLURM
     set_threads(cfg.threads)
     run_dir = Path(run_dir)

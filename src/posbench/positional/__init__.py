@@ -15,6 +15,7 @@ import pkgutil
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from ..errors import ProblemsFound
 from .alibi import alibi_bias, alibi_slopes
 from .base import ENCODINGS, Dimensions, EncodingConfig, PositionEncoding, sample_positions
 from .rope import apply_rope, rope_inv_freq
@@ -32,17 +33,28 @@ ENCODINGS.update(_by_name)
 def encoding_config(cfg):
     """The config dataclass of the encoding named by ``cfg.name``, from a dataclass, dict or DictConfig.
 
-    Unknown keys and values of the wrong type raise ValueError naming the key (``encoding.thetaa``).
+    Unknown keys and values of the wrong type raise ProblemsFound (a ValueError) naming the key
+    (``encoding.thetaa``).
     """
     name = cfg["name"] if isinstance(cfg, dict) else cfg.name
     if name not in ENCODINGS:
-        raise ValueError(f"encoding.name must be one of {', '.join(ENCODINGS)}, got {name!r}")
+        raise ProblemsFound([f"encoding.name must be one of {', '.join(ENCODINGS)}, got {name!r}"])
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ENCODINGS[name][0]), cfg))
     except ConfigKeyError as e:
-        raise ValueError(f"encoding.{e.full_key} is not an option of encoding={name}") from None
+        raise ProblemsFound([f"encoding.{e.full_key} is not an option of encoding={name}"]) from None
     except OmegaConfBaseException as e:
-        raise ValueError(f"encoding.{e.full_key}: {str(e).splitlines()[0]}") from None
+        raise ProblemsFound([f"encoding.{e.full_key}: {str(e).splitlines()[0]}"]) from None
+
+
+def encoding_problems(cfg, dims: Dimensions) -> list[str]:
+    """Every problem of the encoding config ``cfg`` (as ``encoding_config`` takes it) for a model of ``dims``,
+    found without building the encoding."""
+    try:
+        config = encoding_config(cfg)
+    except ProblemsFound as e:
+        return e.problems
+    return config.problems(dims)
 
 
 def build_encoding(cfg, *, n_heads: int, head_dim: int, d_model: int, train_len: int) -> PositionEncoding:
@@ -64,6 +76,7 @@ __all__ = [
     "sample_positions",
     "build_encoding",
     "encoding_config",
+    "encoding_problems",
     "variant_namespaces",
     "alibi_slopes",
     "alibi_bias",

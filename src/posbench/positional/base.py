@@ -15,8 +15,9 @@ encoding's option, in :class:`EncodingConfig`): then each sequence gets a sorted
 distinct positions below M (Ruoss et al., 2023, arXiv:2305.16843).
 
 Every encoding is built as ``Encoding(cfg, dims)``: its config dataclass and the model's
-:class:`Dimensions`. Options that may change at evaluation time without retraining (RoPE's
-``scaling``) are declared by ``variant_options`` and named in result rows by ``variant_label``.
+:class:`Dimensions`. The config's ``problems(dims)`` holds its rules; the constructor raises them.
+Options that may change at evaluation time without retraining (RoPE's ``scaling``) are declared
+by ``variant_options`` and named in result rows by ``variant_label``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Callable, ClassVar, Optional
 import torch
 from omegaconf import MISSING
 from torch import Tensor, nn
+
+from ..errors import raise_problems
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,19 @@ class EncodingConfig:
     #: Train at a sorted random sample of T distinct positions below M per sequence (``null``: 0..T-1);
     #: evaluation stays at 0..L-1. M must be at least the training length.
     randomized_positions: Optional[int] = None
+
+    def problems(self, dims: Dimensions) -> list[str]:
+        """The rules of this config that its types cannot express, for a model of ``dims``, each naming its key
+        (``encoding.theta``). An encoding with rules of its own extends this list; nothing else checks them:
+        the constructor raises them all at once, and ``posbench train`` reports them beside the config's other
+        problems without building anything."""
+        limit = self.randomized_positions
+        if limit is not None and limit < dims.train_len:
+            return [
+                f"encoding.randomized_positions must be null or at least train_len={dims.train_len} "
+                f"(each sequence takes train_len distinct positions below it), got {limit}"
+            ]
+        return []
 
 
 def sample_positions(
@@ -88,14 +104,9 @@ class PositionEncoding(nn.Module):
 
     def __init__(self, cfg: EncodingConfig, dims: Dimensions):
         super().__init__()
+        raise_problems(cfg.problems(dims))
         self.n_heads = dims.n_heads
-        limit = cfg.randomized_positions
-        if limit is not None and limit < dims.train_len:
-            raise ValueError(
-                f"encoding.randomized_positions must be null or at least train_len={dims.train_len} "
-                f"(each sequence takes train_len distinct positions below it), got {limit}"
-            )
-        self.randomized_positions = limit
+        self.randomized_positions = cfg.randomized_positions
         self._counting: tuple[tuple, Tensor] | None = None  # ((length, device), 0..length-1)
         self._derived: tuple[Tensor, object] | None = None  # (positions, what for_positions built from them)
 

@@ -61,6 +61,12 @@ class FireConfig(EncodingConfig):
     #: queries past it take the progressive normaliser ψ(i) that every longer evaluation relies on.
     init_threshold: Optional[float] = None
 
+    def problems(self, dims: Dimensions) -> list[str]:
+        # init_threshold=null is train_len / 4: positive whenever train_len is (its own rule)
+        given = {"mlp_width": self.mlp_width, "init_c": self.init_c, "init_threshold": self.init_threshold}
+        bad = [key for key, value in given.items() if value is not None and not value > 0]
+        return super().problems(dims) + [f"encoding.{key} must be positive, got {given[key]}" for key in bad]
+
 
 class FIRE(PositionEncoding):
     config_class = FireConfig
@@ -68,10 +74,6 @@ class FIRE(PositionEncoding):
     def __init__(self, cfg: FireConfig, dims: Dimensions):
         super().__init__(cfg, dims)
         init_threshold = dims.train_len * PAPER_THRESHOLD_RATIO if cfg.init_threshold is None else cfg.init_threshold
-        checks = {"mlp_width": cfg.mlp_width >= 1, "init_c": cfg.init_c > 0, "init_threshold": init_threshold > 0}
-        for key, ok in checks.items():
-            if not ok:
-                raise ValueError(f"encoding.{key} must be positive, got {getattr(cfg, key)}")
         self.c = nn.Parameter(torch.tensor(float(cfg.init_c)))
         self.register_buffer("init_threshold", torch.tensor(float(init_threshold)))  # L₀, saved with the weights
         self.legacy_threshold = float(dims.train_len if cfg.init_threshold is None else cfg.init_threshold)

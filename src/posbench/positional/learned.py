@@ -17,20 +17,21 @@ class LearnedConfig(EncodingConfig):
     #: Size of the position table; ``null``: ``randomized_positions`` when set, else the training length.
     max_positions: Optional[int] = None
 
+    def problems(self, dims: Dimensions) -> list[str]:
+        found, size, limit = super().problems(dims), self.max_positions, self.randomized_positions
+        if size is not None and size < 1:
+            found.append(f"encoding.max_positions must be positive or null, got {size}")
+        elif size is not None and limit is not None and size < limit:
+            found.append(f"encoding.max_positions={size} must be at least encoding.randomized_positions={limit}")
+        return found
+
 
 class Learned(PositionEncoding):
     config_class = LearnedConfig
 
     def __init__(self, cfg: LearnedConfig, dims: Dimensions):
         super().__init__(cfg, dims)
-        if cfg.max_positions is not None and cfg.max_positions < 1:
-            raise ValueError(f"encoding.max_positions must be positive or null, got {cfg.max_positions}")
-        limit = cfg.randomized_positions
-        if cfg.max_positions is not None and limit is not None and cfg.max_positions < limit:
-            raise ValueError(
-                f"encoding.max_positions={cfg.max_positions} must be at least encoding.randomized_positions={limit}"
-            )
-        self.max_len = cfg.max_positions or limit or dims.train_len
+        self.max_len = cfg.max_positions or cfg.randomized_positions or dims.train_len
         self.table = nn.Embedding(self.max_len, dims.d_model)
         self.reset_parameters()
 

@@ -31,8 +31,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..errors import raise_problems
 from .base import Dimensions, EncodingConfig, PositionEncoding
-from .rotary import per_head, rotary_angles, rotary_inv_freq, rotate_pairs
+from .rotary import per_head, rotary_angles, rotary_inv_freq, rotary_problems, rotate_pairs
 
 SCALING_TYPES = ("linear", "ntk", "dynamic", "yarn")
 
@@ -54,6 +55,22 @@ def _yarn_inv_freq(
     return inv_freq / factor * ramp + inv_freq * (1 - ramp)
 
 
+def scaling_problems(scaling: Mapping | None) -> list[str]:
+    """The rules of a scaling (a dict as ``rope_inv_freq`` takes it)."""
+    kind = scaling.get("type") if scaling else None
+    if kind is None:
+        return []
+    if kind not in SCALING_TYPES:
+        return [f"encoding.scaling.type must be one of {', '.join(SCALING_TYPES)} or null, got {kind!r}"]
+    found = []
+    factor = float(scaling.get("factor", 1.0))
+    if factor < 1:
+        found.append(f"encoding.scaling.factor must be >= 1, got {factor}")
+    if kind in ("dynamic", "yarn") and not scaling.get("original_max_position_embeddings"):
+        found.append(f"encoding.scaling.type={kind} needs encoding.scaling.original_max_position_embeddings")
+    return found
+
+
 def rope_inv_freq(
     head_dim: int, theta: float = 10000.0, scaling: Mapping | None = None, seq_len: int | None = None
 ) -> tuple[Tensor, float]:
@@ -65,18 +82,13 @@ def rope_inv_freq(
     sequence length, used by ``dynamic`` only. As in transformers, the attention scale
     multiplies cos and sin, so q.k logits are multiplied by its square.
     """
+    raise_problems(scaling_problems(scaling))
     inv_freq = rotary_inv_freq(head_dim, theta)
     kind = scaling.get("type") if scaling else None
     if kind is None:
         return inv_freq, 1.0
-    if kind not in SCALING_TYPES:
-        raise ValueError(f"encoding.scaling.type must be one of {', '.join(SCALING_TYPES)} or null, got {kind!r}")
     factor = float(scaling.get("factor", 1.0))
-    if factor < 1:
-        raise ValueError(f"encoding.scaling.factor must be >= 1, got {factor}")
     original_len = scaling.get("original_max_position_embeddings")
-    if kind in ("dynamic", "yarn") and not original_len:
-        raise ValueError(f"encoding.scaling.type={kind} needs encoding.scaling.original_max_position_embeddings")
     if kind == "linear":
         return inv_freq / factor, 1.0
     if kind == "ntk":
@@ -129,6 +141,20 @@ class RopeConfig(EncodingConfig):
     layout: str = "half"  # "half" (rotate_half, NeoX/Llama) or "interleaved" (complex pairs)
     scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
+    def problems(self, dims: Dimensions) -> list[str]:
+        found = super().problems(dims) + rotary_problems(dims.head_dim, self.theta)
+        if self.layout not in ("half", "interleaved"):
+            found.append(f"encoding.layout must be 'half' or 'interleaved', got {self.layout!r}")
+        return found + scaling_problems(scaling_of(self, dims.train_len))
+
+
+def scaling_of(cfg: RopeConfig, train_len: int) -> dict | None:
+    """``cfg.scaling`` as ``rope_inv_freq`` takes it, L0 defaulting to ``train_len``; ``None`` for plain RoPE."""
+    scaling = asdict(cfg.scaling)
+    if scaling["type"] and not scaling["original_max_position_embeddings"]:
+        scaling["original_max_position_embeddings"] = train_len
+    return scaling if scaling["type"] else None
+
 
 @dataclass
 class RopeVariantOptions:
@@ -143,14 +169,8 @@ class RoPE(PositionEncoding):
 
     def __init__(self, cfg: RopeConfig, dims: Dimensions):
         super().__init__(cfg, dims)
-        if cfg.layout not in ("half", "interleaved"):
-            raise ValueError(f"encoding.layout must be 'half' or 'interleaved', got {cfg.layout!r}")
         self.head_dim, self.theta, self.interleaved = dims.head_dim, cfg.theta, cfg.layout == "interleaved"
-        scaling = asdict(cfg.scaling)
-        if scaling["type"] and not scaling["original_max_position_embeddings"]:
-            scaling["original_max_position_embeddings"] = dims.train_len
-        self.scaling = scaling if scaling["type"] else None
-        rope_inv_freq(dims.head_dim, cfg.theta, self.scaling)  # a bad theta, head size or scaling fails here
+        self.scaling = scaling_of(cfg, dims.train_len)
 
     @classmethod
     def variant_label(cls, cfg: RopeConfig) -> str:

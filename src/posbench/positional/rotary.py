@@ -1,6 +1,6 @@
 """What the rotary encodings (RoPE, xPos) share: the base frequencies and the rotation itself.
 
-Both rules of a rotary encoding live here: an even head dimension (dimensions turn in pairs)
+Both rules of a rotary encoding live here (``rotary_problems``): an even head dimension (dimensions turn in pairs)
 and a positive base ``theta`` (otherwise the frequencies are NaN).
 """
 
@@ -10,14 +10,18 @@ import torch
 from torch import Tensor
 
 
-def rotary_inv_freq(head_dim: int, theta: float) -> Tensor:
-    """theta^(-2i/d) for each rotation pair i < d/2, (head_dim/2,) fp32."""
+def rotary_problems(head_dim: int, theta: float) -> list[str]:
+    """The two rules of a rotary encoding, for its config's ``problems``."""
+    found = []
     if head_dim % 2:
-        raise ValueError(
-            f"rotary encodings need an even head dimension (model.d_model / model.n_heads), got {head_dim}"
-        )
+        found.append(f"rotary encodings need an even head dimension (model.d_model / model.n_heads), got {head_dim}")
     if not theta > 0:
-        raise ValueError(f"encoding.theta must be positive, got {theta}")
+        found.append(f"encoding.theta must be positive, got {theta}")
+    return found
+
+
+def rotary_inv_freq(head_dim: int, theta: float) -> Tensor:
+    """theta^(-2i/d) for each rotation pair i < d/2, (head_dim/2,) fp32 (the rules: ``rotary_problems``)."""
     return theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
 
 

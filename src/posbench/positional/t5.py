@@ -54,16 +54,19 @@ class T5Config(EncodingConfig):
     #: Distances from here on share the last bucket.
     max_distance: int = 128
 
+    def problems(self, dims: Dimensions) -> list[str]:
+        try:  # t5_bucket owns the bucketing's rule: it refuses the two numbers together
+            t5_bucket(torch.tensor(0), self.num_buckets, self.max_distance)
+        except ValueError as e:
+            return [*super().problems(dims), f"encoding.num_buckets, encoding.max_distance: {e}"]
+        return super().problems(dims)
+
 
 class T5Bias(PositionEncoding):
     config_class = T5Config
 
     def __init__(self, cfg: T5Config, dims: Dimensions):
         super().__init__(cfg, dims)
-        try:
-            t5_bucket(torch.tensor(0), cfg.num_buckets, cfg.max_distance)
-        except ValueError as e:
-            raise ValueError(f"encoding.num_buckets, encoding.max_distance: {e}") from None
         self.num_buckets, self.max_distance = cfg.num_buckets, cfg.max_distance
         # std d_model^-0.5 as in Hugging Face T5's _init_weights.
         self.table = nn.Parameter(torch.randn(cfg.num_buckets, dims.n_heads) * dims.d_model**-0.5)  # (buckets, H)

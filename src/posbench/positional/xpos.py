@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from .base import Dimensions, EncodingConfig, PositionEncoding
-from .rotary import per_head, rotary_angles, rotary_inv_freq, rotate_pairs
+from .rotary import per_head, rotary_angles, rotary_problems, rotate_pairs
 
 
 def xpos_zeta(head_dim: int) -> Tensor:
@@ -40,6 +40,12 @@ class XposConfig(EncodingConfig):
     #: B in ζ^(n/B): larger is a gentler decay.
     scale_base: float = 512.0
 
+    def problems(self, dims: Dimensions) -> list[str]:
+        found = super().problems(dims) + rotary_problems(dims.head_dim, self.theta)
+        if not self.scale_base > 0:
+            found.append(f"encoding.scale_base must be positive, got {self.scale_base}")
+        return found
+
 
 class XPos(PositionEncoding):
     config_class = XposConfig
@@ -47,9 +53,6 @@ class XPos(PositionEncoding):
 
     def __init__(self, cfg: XposConfig, dims: Dimensions):
         super().__init__(cfg, dims)
-        rotary_inv_freq(dims.head_dim, cfg.theta)  # a bad theta or head size fails here
-        if not cfg.scale_base > 0:
-            raise ValueError(f"encoding.scale_base must be positive, got {cfg.scale_base}")
         self.head_dim, self.theta, self.scale_base = dims.head_dim, cfg.theta, cfg.scale_base
 
     def tables(self, positions: Tensor) -> tuple[Tensor, ...]:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from ..errors import PosbenchError
 from .context import ContextProbeConfig
 from .copy import CopyProbeConfig
 
@@ -30,13 +29,15 @@ def probe_config(probe) -> ProbeConfig:
     return ProbeConfig(**(OmegaConf.to_container(probe) if OmegaConf.is_config(probe) else dict(probe)))
 
 
-def check_probes(names, probe) -> None:
-    """Unknown probe names and broken ``probe.*`` rules as one line each."""
+def probes_problems(names, probe) -> list[str]:
+    """Unknown probe names, and the first broken ``probe.*`` rule (``ProbeConfig`` checks as it is built)."""
+    found = []
     unknown = [name for name in names if name not in PROBES]
     if unknown:
         given = ",".join(names)
-        raise PosbenchError(f"unknown probe {unknown[0]!r} in probes=[{given}]; probes: {', '.join(PROBES)}")
+        found.append(f"unknown probe {unknown[0]!r} in probes=[{given}]; probes: {', '.join(PROBES)}")
     try:
         probe_config(probe)
     except ValueError as e:
-        raise PosbenchError(str(e)) from None
+        found.append(str(e))
+    return found
