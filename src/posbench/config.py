@@ -22,6 +22,7 @@ from .model import LanguageModel, ModelConfig
 from .positional import ENCODINGS
 from .probes.config import ProbeConfig, check_probes
 from .runtime import check_precision, check_threads, resolve_device
+from .tasks import TASKS, build_task
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
 
@@ -121,6 +122,8 @@ class Config:
     #: Probes run on the best model after evaluation: some of context, window, copy, attention (docs/probes.md).
     probes: List[str] = field(default_factory=list)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    #: A synthetic task to train on instead of text (``task=passkey|mqar|copy``; docs/tasks.md); ``null``: text.
+    task: Any = None
 
 
 def register_configs() -> None:
@@ -128,6 +131,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=Config)
     for name, (config_cls, _) in ENCODINGS.items():
         cs.store(group="schema/encoding", name=name, node=config_cls)
+    for name, task_cls in TASKS.items():
+        cs.store(group="schema/task", name=name, node=task_cls.config_class)
 
 
 def config_on_schema(saved) -> DictConfig:
@@ -288,11 +293,33 @@ def check_runtime(cfg) -> None:
     check_logger(cfg.logger)
 
 
+def check_task(cfg) -> None:
+    """``task``: its options, every length holding one of its sequences, and nothing that reads text."""
+    if cfg.task is None:
+        return
+    try:
+        task = build_task(cfg.task)
+    except ValueError as e:
+        raise PosbenchError(str(e)) from None
+    reading_text = [
+        key for key, given in (("probes", cfg.probes), ("train.copy_fraction", cfg.train.copy_fraction)) if given
+    ]
+    if reading_text:
+        raise PosbenchError(f"task={task.cfg.name} trains on no text, which {reading_text[0]} needs; drop one of them")
+    lengths = sorted({*train_lengths_of(cfg), *eval_lens_of(cfg)})
+    if task.max_distance(lengths[0]) < 0:
+        raise PosbenchError(
+            f"task={task.cfg.name}: a sequence needs at least {task.overhead() - 1} tokens (its source and query), "
+            f"more than the length {lengths[0]} of train_len, train.lengths or eval_lens"
+        )
+
+
 def check_config(cfg) -> None:
     """Raise PosbenchError for what the schema's types cannot catch."""
     check_lengths("train_len", [cfg.train_len])
     check_lengths("eval_lens", eval_lens_of(cfg))
     check_train(cfg)
+    check_task(cfg)
     check_eval(cfg.eval)
     check_probes(cfg.probes, cfg.probe)
     check_runtime(cfg)

@@ -40,6 +40,8 @@ CONTEXT_CSV = "context_usage.csv"
 COPY_CSV = "copy_probe.csv"
 ATTENTION_CSV = "attention_stats.csv"
 BIAS_CSV = "bias_curves.csv"
+#: A task run's accuracy at every (eval_len, distance) (tasks/measure.py).
+TASK_RESULTS = "task_results.csv"
 #: The best model by validation loss, and the state to continue training from (checkpoint.py).
 CHECKPOINT = "checkpoint.pt"
 RESUME_CHECKPOINT = "last.pt"
@@ -70,6 +72,7 @@ MEASUREMENT_KEYS = {
     COPY_CSV: ["variant", "distance"],
     ATTENTION_CSV: ["variant", "eval_len", "layer", "head"],
     BIAS_CSV: ["variant", "head", "distance"],
+    TASK_RESULTS: ["variant", "task", "eval_len", "distance"],
 }
 #: The CSVs of measurements, in the order a run writes them.
 RESULT_FILES = tuple(MEASUREMENT_KEYS)
