@@ -15,6 +15,8 @@ def task_run(folder, encoding: str, seed: int, accuracies: dict[tuple[int, int],
             dict(encoding=encoding, variant="", task="passkey", train_len=64, train_lengths="64", seed=seed)
             | dict(eval_len=length, distance=distance, trials=64, accuracy=accuracy, token_accuracy=accuracy, nll=0.1)
             | dict(status=status, reason="" if status == "ok" else "accuracy 0.2 at train_len 64: not learned")
+            | dict(valid_accuracy=1.0 if status == "ok" else 0.2, learned_step=300 if status == "ok" else None)
+            | dict(best_step=400, stopped_step=500)
             for (length, distance), accuracy in accuracies.items()
         ]
     )
@@ -35,5 +37,7 @@ def test_task_runs_alone_make_a_table_and_a_figure_per_task(tmp_path):
     text = (out / "summary.md").read_text()
     assert "## Task passkey" in text and "| alibi |  | 64 | 128 | 0.38 ± 0.18 (1 not learned) |" in text
     assert "| rope |  | 64 | 64 | not learned |" in text
+    assert "| alibi |  | 64 | 64 | 2 of 3 | 0.733 | 300 | 400 | 500 |" in text  # learned_step: of the learned
+    assert "| rope |  | 64 | 64 | 0 of 1 | 0.200 |  | 400 | 500 |" in text
     assert (out / "task_passkey.png").is_file() and (out / "task_passkey.svg").is_file()
     assert len(pd.read_csv(out / "task_results.csv")) == 16

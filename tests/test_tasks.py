@@ -282,4 +282,5 @@ def test_train_on_a_task_writes_task_results(posbench, tmp_path, task):
     assert set(rows["eval_len"]) == {64, 128} and set(rows["task"]) == {task}
     assert set(rows["status"]) == {"not_learned"}  # ten steps of the tiny model learn nothing
     assert rows["reason"].str.contains("not learned").all() and set(rows["best_step"]) <= {4, 8, 10}
+    assert rows["learned_step"].isna().all() and set(rows["stopped_step"]) == {10}
     assert not (tmp_path / "results.csv").exists() and "valid_accuracy" in pd.read_csv(tmp_path / "train_log.csv")

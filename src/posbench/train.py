@@ -63,6 +63,7 @@ from .runtime import freed_memory_kept, resolve_device, resolve_precision, seed_
 from .tasks import Task, build_task
 from .tasks.base import IGNORE
 from .tasks.measure import (
+    LEARNED_ACCURACY,
     TaskScore,
     judged,
     measure_task,
@@ -104,6 +105,7 @@ class Progress:
     grad_average: float | None = None
     run_id: str = field(default_factory=new_run_id)  # which run the rows of this folder's CSVs measured
     valid_accuracy: float | None = None  # a task run's answer accuracy at the last validation
+    learned_step: int | None = None  # the first validation at which it reached LEARNED_ACCURACY
 
     def spikes(self, step: int, train_loss: float, grad: float, t) -> tuple[bool, bool]:
         """Whether this step's loss and gradient norm jumped above their running averages (logged
@@ -274,6 +276,8 @@ def validate(run: Run, step: int) -> float:
     if run.task:  # the answer's NLL and accuracy on the task's validation sequences at train_len
         score = validation_score(run)
         val_loss, progress.valid_accuracy = score.nll, score.accuracy
+        if progress.learned_step is None and score.accuracy >= LEARNED_ACCURACY:
+            progress.learned_step = step
     else:
         valid_tokens = run.corpus.splits["valid"][: cfg.train.val_tokens]
         val_loss = score_nonoverlapping(run.model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, run.device).nll
@@ -392,7 +396,8 @@ def measure(run: Run) -> pd.DataFrame:
     ``not_learned`` if its validation accuracy at train_len (as trained, no evaluation-time variant) is too low."""
     learned = validation_score(run)
     rows = measure_task(run.model, run.task, run.cfg, run.device)
-    return judged(rows, learned.accuracy, run.cfg.train_len).assign(params=run.model.num_params())
+    judged_rows = judged(rows, learned.accuracy, run.cfg.train_len)
+    return judged_rows.assign(learned_step=run.progress.learned_step, params=run.model.num_params())
 
 
 @contextlib.contextmanager

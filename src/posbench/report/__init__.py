@@ -92,7 +92,7 @@ def task_files(tasks, building: Path) -> list[str]:
     write_csv(tasks, building / "task_results.csv")
     write_csv(summary, building / "task_summary.csv")
     draw_task_figures(summary, encoding_colours(tasks["encoding"]), building)
-    return task_markdown(summary)
+    return task_markdown(summary, tasks)
 
 
 #: The files a report writes: any other entry in DIR/report is not the report's to replace.

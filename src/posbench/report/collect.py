@@ -82,7 +82,10 @@ RUN_CSVS = {
     COPY_CSV: ("train_len", "seed", "distance", "trials", "nll_copy", "nll_baseline", "gain", "accuracy"),
     ATTENTION_CSV: ("train_len", "seed", "eval_len", "layer", "head", "entropy", "mean_distance"),
     BIAS_CSV: ("train_len", "seed", "head", "distance", "bias"),
-    TASK_RESULTS: ("train_len", "seed", "eval_len", "distance", "trials", "accuracy", "token_accuracy", "nll"),
+    TASK_RESULTS: (
+        *("train_len", "seed", "eval_len", "distance", "trials", "accuracy", "token_accuracy", "nll"),
+        *("valid_accuracy", "learned_step", "best_step", "stopped_step"),
+    ),
 }
 
 

@@ -71,6 +71,20 @@ def task_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
+def steps_markdown(rows: pd.DataFrame, task: str) -> str:
+    """Per line: how many seeds learned the task, and the steps (mean over seeds) to the first validation at
+    ≥ 0.95 (learned_step), to the best model and to where training stopped."""
+    runs = rows[rows["task"] == task].drop_duplicates("run_id")
+    table = []
+    for key, group in runs.groupby(TASK_LINE[1:], dropna=False):
+        learned = group["status"] != "not_learned"
+        steps = [group[c].mean() if c in group else float("nan") for c in ("learned_step", "best_step", "stopped_step")]
+        shown = ["" if pd.isna(v) else f"{v:,.0f}" for v in steps]
+        table.append([*key, f"{int(learned.sum())} of {len(group)}", f"{group['valid_accuracy'].mean():.3f}", *shown])
+    header = [*TASK_LINE[1:], "learned", "valid_accuracy", "learned_step", "best_step", "stopped_step"]
+    return markdown_table(header, table)
+
+
 def cell(row: pd.Series) -> str:
     """A table cell: ``0.93 ± 0.02`` (± only over several seeds), or why there is no number."""
     if row["seeds"]:
@@ -80,7 +94,7 @@ def cell(row: pd.Series) -> str:
     return "not learned" if row["not_learned"] else "unsupported"
 
 
-def task_markdown(summary: pd.DataFrame) -> list[str]:
+def task_markdown(summary: pd.DataFrame, raw: pd.DataFrame) -> list[str]:
     """summary.md's sections: per task, accuracy (exact match of the answer) by line and eval_len against
     distance; a distance measured at one eval_len alone (by default the longest each holds, the source at
     the very start) goes to the column ``longest``, its value beside the accuracy."""
@@ -99,6 +113,9 @@ def task_markdown(summary: pd.DataFrame) -> list[str]:
             "over the seeds that learned the task (accuracy ≥ 0.95 at train_len); `not learned`: no seed did. "
             "d: filler tokens between the source and its query; `longest`: the source at the start of the "
             f"sequence.\n\n{markdown_table(header, rows)}"
+        )
+        sections.append(
+            f"### Task {task}: seeds that learned it, and the steps they took\n\n{steps_markdown(raw, task)}"
         )
     return sections
 
