@@ -19,6 +19,7 @@ from posbench.config import check_config
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel
 from posbench.positional import build_encoding
+from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.tasks import build_task
 from posbench.tasks.measure import eval_distances, measure_task, training_sequences
 from posbench.train import train
@@ -285,3 +286,16 @@ def test_train_on_a_task_writes_task_results(posbench, tmp_path, task):
     assert rows["reason"].str.contains("not learned").all() and set(rows["best_step"]) <= {4, 8, 10}
     assert rows["learned_step"].isna().all() and set(rows["stopped_step"]) == {10}
     assert not (tmp_path / "results.csv").exists() and "valid_accuracy" in pd.read_csv(tmp_path / "train_log.csv")
+
+
+@pytest.mark.slow
+def test_eval_measures_a_saved_task_run_again_in_a_variant(task_config, compose_config, tmp_path):
+    train(task_config("passkey"), tmp_path)
+    trained = pd.read_csv(tmp_path / "task_results.csv")
+    register()
+    command = compose_config("eval", [f"checkpoint={tmp_path}", "eval.window=16"])
+    again = evaluate_checkpoint(command, ["checkpoint", "eval.window"], tmp_path)
+    rows = pd.read_csv(tmp_path / "task_results.csv")
+    assert set(again["variant"]) == {"window16"} and set(rows["variant"].fillna("")) == {"", "window16"}
+    assert len(rows) == 2 * len(trained) and not (tmp_path / "results.csv").exists()
+    assert (again["valid_accuracy"] == trained["valid_accuracy"].iloc[0]).all()  # judged as trained

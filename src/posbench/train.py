@@ -65,8 +65,7 @@ from .tasks.base import IGNORE
 from .tasks.measure import (
     LEARNED_ACCURACY,
     TaskScore,
-    judged,
-    measure_task,
+    measured,
     model_logits,
     score_task,
     training_sequences,
@@ -394,10 +393,8 @@ def finish(run: Run) -> dict:
 def measure(run: Run) -> pd.DataFrame:
     """A task run's task_results.csv rows: the best model at every (eval_len, distance), every row
     ``not_learned`` if its validation accuracy at train_len (as trained, no evaluation-time variant) is too low."""
-    learned = validation_score(run)
-    rows = measure_task(run.model, run.task, run.cfg, run.device)
-    judged_rows = judged(rows, learned.accuracy, run.cfg.train_len)
-    return judged_rows.assign(learned_step=run.progress.learned_step, params=run.model.num_params())
+    rows = measured(run.model, run.task, run.cfg, run.device)
+    return rows.assign(learned_step=run.progress.learned_step, params=run.model.num_params())
 
 
 @contextlib.contextmanager

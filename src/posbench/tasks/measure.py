@@ -134,6 +134,15 @@ def measure_task(model: nn.Module, task: Task, cfg, device, logits_fn: LogitsFn 
     return pd.DataFrame(rows)
 
 
+def measured(model: nn.Module, task: Task, cfg, device) -> pd.DataFrame:
+    """task_results.csv's rows of ``model`` (``measure_task``), judged by its accuracy on the validation
+    sequences at train_len as trained (without the evaluation-time variant)."""
+    model.eval()
+    batch = validation_sequences(task, cfg.train_len)
+    learned = score_task(model_logits(model), batch, cfg.eval.batch_tokens, device)
+    return judged(measure_task(model, task, cfg, device), learned.accuracy, cfg.train_len)
+
+
 def judged(rows: pd.DataFrame, valid_accuracy: float, train_len: int) -> pd.DataFrame:
     """``rows`` with ``valid_accuracy``, and every row ``not_learned`` if it is below LEARNED_ACCURACY."""
     rows = rows.assign(valid_accuracy=valid_accuracy)
