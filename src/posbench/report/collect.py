@@ -249,7 +249,7 @@ def why_skipped(run: Path) -> str:
         lines = (run / ERROR_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
         return f"failed: {lines[0] if lines else 'no reason recorded'}"
     if (run / RESUME_CHECKPOINT).is_file():
-        return "unfinished: no results.csv yet (train.resume=auto continues it)"
+        return "unfinished: no results yet (train.resume=auto continues it)"
     return "incomplete: no results.csv (still running, or stopped before its first checkpoint)"
 
 
