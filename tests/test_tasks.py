@@ -273,6 +273,8 @@ def test_an_interrupted_task_run_resumes_to_the_same_numbers(task_config, tmp_pa
     pd.testing.assert_frame_equal(*tables, check_exact=True)
     logs = [pd.read_csv(tmp_path / d / "train_log.csv").drop(columns="tokens_per_s") for d in ("reference", "run")]
     pd.testing.assert_frame_equal(*logs, check_exact=True)
+    monkeypatch.setattr(train_module, "training_sequences", lambda *args: pytest.fail("a finished run trains again"))
+    assert train(task_config("mqar"), tmp_path / "run")["best_valid_loss"] == reference["best_valid_loss"]
 
 
 @pytest.mark.slow
