@@ -25,7 +25,8 @@ Which position encoding lets a Transformer LM read past its training length?
 commands:
   train    train one LM and write perplexity at every evaluation length
            (Hydra overrides, e.g. encoding=rope experiment=quick data.path=DIR;
-           -m sweeps comma-separated values; `train --help` shows the config groups)
+           -m sweeps comma-separated values; `train --help` shows the config groups;
+           task=passkey|mqar|copy trains on a synthetic retrieval task instead, docs/tasks.md)
   eval     evaluate a saved run again without retraining: checkpoint=PATH 'eval_lens=[...]'
            eval.mode=sliding eval.stride=S, rope.scaling.type=linear|ntk|dynamic|yarn rope.scaling.factor=F
   probe    does a saved run read its context? checkpoint=PATH 'probes=[context,window,copy,attention]'

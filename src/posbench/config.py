@@ -23,6 +23,7 @@ from .model import ModelConfig, build_problems
 from .positional import ENCODINGS
 from .probes.config import ProbeConfig, probes_problems
 from .runtime import check_precision, check_threads, resolve_device
+from .tasks import TASKS, build_task
 from .variant import AttentionVariant
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
@@ -128,6 +129,8 @@ class Config:
     #: Probes run on the best model after evaluation: some of context, window, copy, attention (docs/probes.md).
     probes: List[str] = field(default_factory=list)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    #: A synthetic task to train on instead of text (``task=passkey|mqar|copy``; docs/tasks.md); ``null``: text.
+    task: Any = None
 
 
 def register_configs() -> None:
@@ -135,6 +138,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=Config)
     for name, (config_cls, _) in ENCODINGS.items():
         cs.store(group="schema/encoding", name=name, node=config_cls)
+    for name, task_cls in TASKS.items():
+        cs.store(group="schema/task", name=name, node=task_cls.config_class)
 
 
 def config_on_schema(saved) -> DictConfig:
@@ -303,6 +308,8 @@ def config_problems(cfg) -> list[str]:
     if cfg.eval_lens is not None:  # null: multiples of train_len, right when train_len is
         problems.add(lengths_problems("eval_lens", list(cfg.eval_lens)))
     problems.add(train_problems(cfg))
+    if not problems.found:  # a task's lengths are judged on lengths that are right
+        problems.add(task_problems(cfg))
     problems.add(eval_problems(cfg.eval))
     problems.add(probes_problems(cfg.probes, cfg.probe))
     runtime_problems(problems, cfg)
@@ -310,6 +317,33 @@ def config_problems(cfg) -> list[str]:
     if not problems.found:  # a cost is estimated for a config that is right otherwise (it divides by its lengths)
         problems.run(check_randomized_positions, cfg, resolve_device(cfg.device))
     return problems.found
+
+
+def task_problems(cfg) -> list[str]:
+    """``task``: its options, every length holding one of its sequences, and nothing that reads text."""
+    if cfg.task is None:
+        return []
+    try:
+        task = build_task(cfg.task)
+    except ValueError as e:
+        return [str(e)]
+    reading_text = [
+        key
+        for key, given in (
+            ("probes", cfg.probes),
+            ("train.copy_fraction", cfg.train.copy_fraction),
+            ("train.val_lens", cfg.train.val_lens),
+        )
+        if given
+    ]
+    found = [f"task={task.cfg.name} trains on no text, which {key} needs; drop one of them" for key in reading_text]
+    lengths = sorted({*train_lengths_of(cfg), *eval_lens_of(cfg)})
+    if task.max_distance(lengths[0]) < 0:
+        found.append(
+            f"task={task.cfg.name}: a sequence needs at least {task.overhead() - 1} tokens (its source and query), "
+            f"more than the length {lengths[0]} of train_len, train.lengths or eval_lens"
+        )
+    return found
 
 
 def check_config(cfg) -> None:

@@ -112,15 +112,16 @@ def check_copy_probe(cfg, vocab_size: int, distances: list[int], device: torch.d
 
 def timed_step_seconds(cfg) -> float:
     """Seconds of one training step of ``cfg``'s model on this machine, timed (after one warm-up step) on
-    random tokens over the vocabulary of ``cfg.data``."""
+    random tokens over the vocabulary of ``cfg.data`` (a task run's: its task's)."""
     import time
 
     from .data import load_corpus
     from .model import LanguageModel
     from .runtime import resolve_device, resolve_precision
+    from .tasks import build_task
 
     device = resolve_device(cfg.device)
-    vocab_size = load_corpus(cfg.data).vocab_size
+    vocab_size = build_task(cfg.task).vocab_size if cfg.task else load_corpus(cfg.data).vocab_size
     model = LanguageModel(
         cfg.model, cfg.encoding, vocab_size, cfg.train_len, resolve_precision(cfg.precision, device)[0]
     )

@@ -2,8 +2,8 @@
 
 The run's own config (from its checkpoint) is the starting point; only the keys given on
 the command line replace it. An encoding's evaluation-time options are set under its name
-(``rope.scaling.*`` becomes the encoding's ``scaling``). Rows
-go to the run's results.csv, per_position.csv and per_article.csv, merged by the identity of a row
+(``rope.scaling.*`` becomes the encoding's ``scaling``). Rows go to the run's results.csv, per_position.csv
+and per_article.csv (a task run's to task_results.csv), merged by the identity of a row
 (``runfolder.merge_rows``: the run, the state of its weights, and split, eval_len, eval_mode, stride,
 variant and precision); ``hydra.run.dir=DIR`` writes to DIR instead, beside the rows of other runs there.
 A run still training is evaluated on its best weights so far, with a warning: ``report`` leaves such rows
@@ -32,6 +32,7 @@ from .positional import variant_namespaces
 from .runfolder import (
     CHECKPOINT,
     RESULTS,
+    TASK_RESULTS,
     ModelState,
     check_mergeable,
     lock_run_dir,
@@ -40,6 +41,8 @@ from .runfolder import (
     save_run_config,
 )
 from .runtime import legacy_precision, resolve_device, resolve_precision, set_threads
+from .tasks import build_task
+from .tasks.measure import measured
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,7 @@ class LoadedRun:
     """A saved run ready to evaluate: its config with the command's keys, its data and its best model."""
 
     cfg: DictConfig
-    corpus: Corpus
+    corpus: Corpus | None  # None for a task run
     model: LanguageModel
     device: torch.device
     state: ModelState
@@ -156,12 +159,13 @@ def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
     cfg = run_config(payload["config"], command, keys)
     check_config(cfg)
     set_threads(cfg.threads)
-    corpus = load_corpus(cfg.data)
-    check_vocab(payload, corpus.vocab, Path(command.checkpoint))
+    corpus = None if cfg.task else load_corpus(cfg.data)
+    vocab = build_task(cfg.task).vocab if cfg.task else corpus.vocab
+    check_vocab(payload, vocab, Path(command.checkpoint))
     device = resolve_device(cfg.device)
     precision, why = resolve_precision(cfg.precision, device)
     log.info("device %s, %s (%s)", device, precision, why)
-    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
+    model = LanguageModel(cfg.model, cfg.encoding, len(vocab), cfg.train_len, precision).to(device)
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
@@ -180,9 +184,12 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, che
     out_dir = Path(out_dir)
     with lock_run_dir(out_dir):
         run.taken_into(out_dir)
-        results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir, run.state)
-        merge_rows(out_dir, RESULTS, results, run.state)
-    log.info("%d rows written to %s", len(results), out_dir / RESULTS)
+        if run.cfg.task:
+            name, results = TASK_RESULTS, measured(run.model, build_task(run.cfg.task), run.cfg, run.device)
+        else:
+            name, results = RESULTS, evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir, run.state)
+        merge_rows(out_dir, name, results, run.state)
+    log.info("%d rows written to %s", len(results), out_dir / name)
     return results
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from .checkpoint import load_checkpoint
 from .config import config_on_schema, eval_lens_of
 from .errors import PosbenchError, Refused
-from .runfolder import CHECKPOINT, ERROR_FILE, RESULTS, RESUME_CHECKPOINT, model_state, read_csv
+from .runfolder import CHECKPOINT, ERROR_FILE, RESULTS, RESUME_CHECKPOINT, TASK_RESULTS, model_state, read_csv
 from .runtime import legacy_precision, resolve_device, resolve_precision, rng_states, set_rng_states
 
 #: Keys that may differ between a run and its resumption: they do not change a single number.
@@ -78,8 +78,9 @@ def check_same_config(saved, current, what: str) -> None:
 
 
 def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
-    """The metrics of a run already finished in ``run_dir`` with this config (results.csv complete), else None."""
-    results_path, best_path = run_dir / RESULTS, run_dir / CHECKPOINT
+    """The metrics of a run already finished in ``run_dir`` with this config (results.csv complete, or a task
+    run's task_results.csv), else None."""
+    results_path, best_path = run_dir / (RESULTS if cfg.task is None else TASK_RESULTS), run_dir / CHECKPOINT
     if str(cfg.train.resume).lower() not in ("auto", "true") or not (results_path.is_file() and best_path.is_file()):
         return None
     if (run_dir / RESUME_CHECKPOINT).is_file():
@@ -89,10 +90,11 @@ def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
     try:
         results = read_csv(results_path)
         results = results[results["run_id"] == model_state(best, best_path).run_id]  # the folder may hold others'
-        measured = set(zip(results["split"], results["eval_len"]))
+        measured = set(results["eval_len"]) if cfg.task else set(zip(results["split"], results["eval_len"]))
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, KeyError):
         return None  # not a complete results.csv: train (or resume) and write it again
-    if not {(split, eval_len) for split in cfg.eval.splits for eval_len in eval_lens_of(cfg)} <= measured:
+    wanted = {(split, eval_len) for split in cfg.eval.splits for eval_len in eval_lens_of(cfg)}
+    if not (set(eval_lens_of(cfg)) if cfg.task else wanted) <= measured:
         return None
     return {"best_valid_loss": best["valid_loss"], "results": results}
 

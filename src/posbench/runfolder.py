@@ -44,6 +44,8 @@ BIAS_CSV = "bias_curves.csv"
 #: ``posbench generate``: a row per prompt and window of generated positions, and the samples as text.
 GENERATION = "generation.csv"
 SAMPLES = "samples.jsonl"
+#: A task run's accuracy at every (eval_len, distance) (tasks/measure.py).
+TASK_RESULTS = "task_results.csv"
 #: The best model by validation loss, and the state to continue training from (checkpoint.py).
 CHECKPOINT = "checkpoint.pt"
 RESUME_CHECKPOINT = "last.pt"
@@ -77,6 +79,7 @@ MEASUREMENT_KEYS = {
     ATTENTION_CSV: ["variant", "eval_len", "layer", "head"],
     BIAS_CSV: ["variant", "head", "distance"],
     GENERATION: [*SAMPLE_KEYS, "position"],
+    TASK_RESULTS: ["variant", "task", "eval_len", "distance"],
 }
 #: The CSVs of measurements, in the order a run writes them.
 RESULT_FILES = tuple(MEASUREMENT_KEYS)

@@ -4,7 +4,8 @@
 ``train_step`` (one optimizer step on the global batch), ``validate`` (rank 0 measures and keeps the
 best model), ``stop_now`` (patience), ``log_row`` (train_log.csv, the logger, the progress bar) and
 ``save_resume_state`` (last.pt). What resuming means is resume.py's; the device, threads and RNG
-state are runtime.py's.
+state are runtime.py's. With ``task=...`` the run trains on a synthetic task instead of text (tasks/):
+its batches, validation and final measurement (task_results.csv) are the task's.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from .runfolder import (
     CHECKPOINT,
     RESULTS,
     RESUME_CHECKPOINT,
+    TASK_RESULTS,
     TRAIN_LOG,
     ModelState,
     check_mergeable,
@@ -59,6 +61,17 @@ from .runfolder import (
     save_run_config,
 )
 from .runtime import freed_memory_kept, resolve_device, resolve_precision, seed_everything, set_threads
+from .tasks import Task, build_task
+from .tasks.base import IGNORE
+from .tasks.measure import (
+    LEARNED_ACCURACY,
+    TaskScore,
+    measured,
+    model_logits,
+    score_task,
+    training_sequences,
+    validation_sequences,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +104,8 @@ class Progress:
     loss_average: float | None = None
     grad_average: float | None = None
     run_id: str = field(default_factory=new_run_id)  # which run the rows of this folder's CSVs measured
+    valid_accuracy: float | None = None  # a task run's answer accuracy at the last validation
+    learned_step: int | None = None  # the first validation at which it reached LEARNED_ACCURACY
 
     def spikes(self, step: int, train_loss: float, grad: float, t) -> tuple[bool, bool]:
         """Whether this step's loss and gradient norm jumped above their running averages (logged
@@ -119,7 +134,8 @@ class Run:
     run_dir: Path
     world: distributed.World
     device: torch.device
-    corpus: Corpus
+    corpus: Corpus | None  # None for a task run
+    task: Task | None  # the synthetic task trained on instead of text (``task=...``)
     model: LanguageModel
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -130,6 +146,10 @@ class Run:
     logger: Logger
     bar: tqdm  # on a terminal, rank 0 only
     last_log_time: float = field(default_factory=time.perf_counter)
+
+    @property
+    def vocab(self) -> list[str]:
+        return self.task.vocab if self.task else self.corpus.vocab
 
 
 def step_length(cfg: DictConfig, step: int) -> int:
@@ -154,9 +174,12 @@ def batch_rows(cfg: DictConfig, length: int) -> int:
 
 def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of ``step``: random windows of the train split at ``step_length``, ``train.copy_fraction``
-    of them replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same)."""
-    cfg, train_split = run.cfg, run.corpus.splits["train"]
-    length = step_length(cfg, step)
+    of them replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same);
+    with a task, its sequences of ``step``."""
+    cfg, length = run.cfg, step_length(run.cfg, step)
+    if run.task:
+        return training_sequences(run.task, cfg.seed, step, length, batch_rows(cfg, length))
+    train_split = run.corpus.splits["train"]
     x, y = sample_batch(train_split, batch_rows(cfg, length), length, run.gen)
     if not cfg.train.copy_fraction:
         return x, y
@@ -189,12 +212,14 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     """
     device = world.device(resolve_device(cfg.device))
     seed_everything(cfg.seed)
-    corpus = load_corpus(cfg.data)
-    check_splits(corpus, cfg, validates=world.is_main)  # before building anything; it draws no random numbers
-    check_probe_data(corpus, cfg, device)  # a probe's bound on the data fails now, not after training
+    task, corpus = (build_task(cfg.task), None) if cfg.task else (None, load_corpus(cfg.data))
+    if corpus:
+        check_splits(corpus, cfg, validates=world.is_main)  # before building anything; it draws no random numbers
+        check_probe_data(corpus, cfg, device)  # a probe's bound on the data fails now, not after training
     warn_randomized_positions(cfg)
     precision, why = resolve_precision(cfg.precision, device)
-    model = LanguageModel(cfg.model, cfg.encoding, corpus.vocab_size, cfg.train_len, precision).to(device)
+    vocab = task.vocab if task else corpus.vocab
+    model = LanguageModel(cfg.model, cfg.encoding, len(vocab), cfg.train_len, precision).to(device)
     log.info(
         "model: %s params, encoding %s, device %s, %s (%s), %d rank(s), torch threads %d",
         *(f"{model.num_params():,}", cfg.encoding.name, device, precision, why, world.size, torch.get_num_threads()),
@@ -206,7 +231,7 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     source = resume_source(cfg, run_dir)
     progress = Progress()
     if source:
-        restored = restore(source, model, optimizer, scheduler, gen, cfg, corpus.vocab)
+        restored = restore(source, model, optimizer, scheduler, gen, cfg, vocab)
         progress = Progress(**{"run_id": legacy_run_id(run_dir), **restored})  # a last.pt from before run ids
         log.info("resumed from %s at step %d of %d", source, progress.step, t.steps)
     loss_fn = distributed.training_loss(model, world, device)
@@ -220,7 +245,8 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
         dynamic_ncols=True,
     )
     return Run(
-        cfg, run_dir, world, device, corpus, model, optimizer, scheduler, gen, progress, loss_fn, rows, logger, bar
+        *(cfg, run_dir, world, device, corpus, task, model, optimizer, scheduler, gen, progress, loss_fn, rows),
+        *(logger, bar),
     )
 
 
@@ -229,7 +255,9 @@ def train_step(run: Run, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[f
     """Returns the whole batch's training loss and the gradient norm (before clipping)."""
     run.model.train()
     rows = run.rows[x.shape[1]]
-    loss = run.loss_fn(x[rows].to(run.device), y[rows].to(run.device)).mean()
+    nll = run.loss_fn(x[rows].to(run.device), y[rows].to(run.device))  # (B, T)
+    # targets outside a task's loss are IGNORE, with NLL 0: the mean is over the others
+    loss = nll.mean() if run.task is None else nll.sum() / (y[rows] != IGNORE).sum().to(run.device)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.train.grad_clip)
@@ -246,8 +274,14 @@ def train_step(run: Run, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[f
 # losses at train.val_lens as train_log.csv's columns (valid_loss, valid_loss_L).
 def validate(run: Run, step: int) -> dict[str, float]:
     cfg, progress = run.cfg, run.progress
-    valid_tokens = run.corpus.splits["valid"][: cfg.train.val_tokens]
-    val_loss = score_nonoverlapping(run.model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, run.device).nll
+    if run.task:  # the answer's NLL and accuracy on the task's validation sequences at train_len
+        score = validation_score(run)
+        val_loss, progress.valid_accuracy = score.nll, score.accuracy
+        if progress.learned_step is None and score.accuracy >= LEARNED_ACCURACY:
+            progress.learned_step = step
+    else:
+        valid_tokens = run.corpus.splits["valid"][: cfg.train.val_tokens]
+        val_loss = score_nonoverlapping(run.model, valid_tokens, cfg.train_len, cfg.eval.batch_tokens, run.device).nll
     if not math.isfinite(val_loss):
         stop_non_finite(run, "validation loss", val_loss, step)
     progress.checks_since_best += counts_for_patience(cfg, step)
@@ -283,10 +317,17 @@ def warn_once(message: str) -> None:
     log.warning(message)
 
 
+def validation_score(run: Run) -> TaskScore:
+    """A task run's model scored on the task's validation sequences at train_len."""
+    run.model.eval()
+    batch = validation_sequences(run.task, run.cfg.train_len)
+    return score_task(model_logits(run.model), batch, run.cfg.eval.batch_tokens, run.device)
+
+
 def save_best(run: Run, weights: dict, final: bool) -> None:
     """checkpoint.pt: the best weights so far, their step and run, and whether training has ended."""
     p = run.progress
-    best = {"model": weights, "config": OmegaConf.to_container(run.cfg, resolve=True), "vocab": run.corpus.vocab}
+    best = {"model": weights, "config": OmegaConf.to_container(run.cfg, resolve=True), "vocab": run.vocab}
     best.update(step=p.best_step, valid_loss=p.best_val, run_id=p.run_id, final=final)
     save_checkpoint(run.run_dir / CHECKPOINT, best)
 
@@ -317,6 +358,8 @@ def log_row(run: Run, step: int, train_loss: float, grad: float, losses: dict | 
     row.update(losses or {})
     row.update(tokens_per_s=tok_s, loss_spike=spikes[0], grad_spike=spikes[1])
     val_loss = row["valid_loss"]
+    if run.task:  # its learning curve
+        row.update(valid_accuracy=run.progress.valid_accuracy if val_loss is not None else None)
     run.progress.log_rows.append(row)
     run.logger.log_step(row)
     run.bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tok_s:,.0f}")
@@ -329,7 +372,7 @@ def save_resume_state(run: Run) -> None:
     if not run.world.is_main:
         return
     p = run.progress
-    state = resume_state(run.model, run.optimizer, run.scheduler, run.gen, vars(p), run.cfg, run.corpus.vocab)
+    state = resume_state(run.model, run.optimizer, run.scheduler, run.gen, vars(p), run.cfg, run.vocab)
     save_checkpoint(run.run_dir / RESUME_CHECKPOINT, state)
     write_csv(pd.DataFrame(p.log_rows), run.run_dir / TRAIN_LOG)
 
@@ -363,16 +406,26 @@ def finish(run: Run) -> dict:
     run.model.load_state_dict(p.best_model)
     save_best(run, p.best_model, final=True)
     state = ModelState(p.run_id, p.best_step, final=True)
-    results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir, state)
-    stop_reason = "patience" if p.out_of_patience else "steps"  # where training stopped, and why
-    results = results.assign(stopped_step=p.step, best_step=p.best_step, stop_reason=stop_reason)
-    merge_rows(run.run_dir, RESULTS, results, state)
-    run.logger.log_results(results)
-    run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir, state)  # those of ``probes=[...]``, if any
+    stopped = dict(stopped_step=p.step, best_step=p.best_step, stop_reason="patience" if p.out_of_patience else "steps")
+    if run.task:
+        results = measure(run).assign(**stopped)
+        merge_rows(run.run_dir, TASK_RESULTS, results, state)
+    else:
+        results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir, state).assign(**stopped)
+        merge_rows(run.run_dir, RESULTS, results, state)
+        run.logger.log_results(results)
+        run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir, state)  # those of ``probes=[...]``
     finalize(run.run_dir, state)
     run.logger.close()
     (run.run_dir / RESUME_CHECKPOINT).unlink(missing_ok=True)  # finished: results.csv and checkpoint.pt say all
     return {"best_valid_loss": p.best_val, "results": results}
+
+
+def measure(run: Run) -> pd.DataFrame:
+    """A task run's task_results.csv rows: the best model at every (eval_len, distance), every row
+    ``not_learned`` if its validation accuracy at train_len (as trained, no evaluation-time variant) is too low."""
+    rows = measured(run.model, run.task, run.cfg, run.device)
+    return rows.assign(learned_step=run.progress.learned_step, params=run.model.num_params())
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row
 as PNG and SVG; where runs have probe CSVs, probes.csv (derived numbers per run), their tables in
 summary.md and their figures; with ``compare=ENCODING``, compare.csv (paired differences in NLL against that
 encoding, with bootstrap CIs) and its tables in summary.md; a ``Selection`` (``variants=``, ``modes=``)
-keeps some evaluations only, in every file. ``collect`` reads, ``tables``, ``probes`` and
+keeps some evaluations only, in every file. Task runs (task_results.csv) add task_results.csv, task_summary.csv,
+their tables in summary.md and task_<name> figures (``tasks``). ``collect`` reads, ``tables``, ``probes`` and
 ``compare`` compute, ``figures`` and ``probe_figures`` draw.
 """
 
@@ -28,6 +29,7 @@ from .figures import draw_figures, encoding_colours
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
 from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
+from .tasks import collect_tasks, draw_task_figures, task_markdown, task_summary, tasks_markdown
 
 __all__ = ["REPORT_DIR", "Runs", "Selection", "collect_results", "collect_runs", "report"]
 
@@ -44,29 +46,53 @@ def report(root: Path, compare: str | None = None, selection: Selection = KEEP_A
     out = root / REPORT_DIR
     check_own(out)
     remove_abandoned_builds(root)
-    runs = collect_runs(root, selection)
+    tasks, tasks_left_out = collect_tasks(root)
+    runs = collect_runs(root, selection, required=tasks.empty)
+    left_out = {**tasks_left_out, **runs.left_out}
+    with replacing(out) as building:
+        sections = task_files(tasks, building)
+        if runs.reported:
+            text_files(root, runs, compare, building, sections, left_out)
+        else:  # task runs alone
+            write_text(tasks_markdown(root, tasks, sections, left_out), building / "summary.md")
+    return out
+
+
+def text_files(root: Path, runs: Runs, compare: str | None, building: Path, sections: list[str], left_out) -> None:
+    """The report of the runs trained on text, with the task ``sections`` after its own."""
     results = normalise(runs.rows(RESULTS))
     summary = aggregate(results)
     probes = probe_numbers(runs.reported)
-    compared = compare_runs(runs, compare, root) if compare else None
-    with replacing(out) as building:
-        write_csv(results, building / "results.csv")
-        write_csv(summary, building / "summary.csv")
-        if set(probes.columns) > set(PROBE_IDENTITY):  # some run has derived probe numbers
-            write_csv(probes, building / "probes.csv")
-        shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
-        shown_probes = probe_markdown(unlabelled_single_precision(probes, results) if len(probes) else probes)
-        shown_compare = []
-        if compared is not None:
-            write_csv(compared, building / "compare.csv")
-            uncompared = sum(PER_ARTICLE not in run.tables for run in runs.reported)
-            shown_compare = compare_markdown(unlabelled_single_precision(compared, results), compare, uncompared)
-        sections = [*shown_compare, *shown_probes]
-        markdown = summary_markdown(root, shown, shown_summary, runs.left_out, sections=sections)
-        write_text(markdown, building / "summary.md")
-        draw_figures(runs, shown, shown_summary, splits(results)[0], building)
-        draw_probe_figures(runs, encoding_colours(results["encoding"]), building, results)
-    return out
+    write_csv(results, building / "results.csv")
+    write_csv(summary, building / "summary.csv")
+    if set(probes.columns) > set(PROBE_IDENTITY):  # some run has derived probe numbers
+        write_csv(probes, building / "probes.csv")
+    shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
+    shown_probes = probe_markdown(unlabelled_single_precision(probes, results) if len(probes) else probes)
+    shown_compare = []
+    if compare:
+        compared = compare_runs(runs, compare, root)
+        write_csv(compared, building / "compare.csv")
+        uncompared = sum(PER_ARTICLE not in run.tables for run in runs.reported)
+        shown_compare = compare_markdown(unlabelled_single_precision(compared, results), compare, uncompared)
+    markdown = summary_markdown(
+        root, shown, shown_summary, left_out, sections=[*shown_compare, *shown_probes, *sections]
+    )
+    write_text(markdown, building / "summary.md")
+    draw_figures(runs, shown, shown_summary, splits(results)[0], building)
+    draw_probe_figures(runs, encoding_colours(results["encoding"]), building, results)
+
+
+def task_files(tasks, building: Path) -> list[str]:
+    """task_results.csv and task_summary.csv (every task row; mean and std over seeds), the task figures;
+    returns summary.md's task sections."""
+    if tasks.empty:
+        return []
+    summary = task_summary(tasks)
+    write_csv(tasks, building / "task_results.csv")
+    write_csv(summary, building / "task_summary.csv")
+    draw_task_figures(summary, encoding_colours(tasks["encoding"]), building)
+    return task_markdown(summary, tasks)
 
 
 #: The files a report writes: any other entry in DIR/report is not the report's to replace.

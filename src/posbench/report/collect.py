@@ -37,6 +37,7 @@ from ..runfolder import (
     RESULTS,
     RESUME_CHECKPOINT,
     RUN_KEYS,
+    TASK_RESULTS,
     TRAIN_LOG,
     find,
     read_csv,
@@ -47,7 +48,7 @@ from ..runfolder import (
 log = logging.getLogger(__name__)
 
 #: Files that make a folder a run folder: Hydra's record of the run, or what a run writes.
-RUN_MARKERS = (HYDRA_DIR, RESULTS, f"{RESULTS}.gz", RESUME_CHECKPOINT, CHECKPOINT, ERROR_FILE)
+RUN_MARKERS = (HYDRA_DIR, RESULTS, f"{RESULTS}.gz", TASK_RESULTS, RESUME_CHECKPOINT, CHECKPOINT, ERROR_FILE)
 #: Config keys that change no number of a run, or that a line already names (its seeds are averaged).
 CONFIG_IGNORED = (
     *("seed", "debug", "device", "threads", "logger", "precision", "probes", "probe", "eval", "train.resume"),
@@ -81,6 +82,10 @@ RUN_CSVS = {
     COPY_CSV: ("train_len", "seed", "distance", "trials", "nll_copy", "nll_baseline", "gain", "accuracy"),
     ATTENTION_CSV: ("train_len", "seed", "eval_len", "layer", "head", "entropy", "mean_distance"),
     BIAS_CSV: ("train_len", "seed", "head", "distance", "bias"),
+    TASK_RESULTS: (
+        *("train_len", "seed", "eval_len", "distance", "trials", "accuracy", "token_accuracy", "nll"),
+        *("valid_accuracy", "learned_step", "best_step", "stopped_step"),
+    ),
 }
 
 
@@ -185,9 +190,10 @@ class Selection:
 KEEP_ALL = Selection()
 
 
-def collect_runs(root: Path, selection: Selection = KEEP_ALL) -> Runs:
+def collect_runs(root: Path, selection: Selection = KEEP_ALL, required: bool = True) -> Runs:
     """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded), the rows that
-    ``selection`` keeps; a run none of whose results it keeps is not reported."""
+    ``selection`` keeps; a run none of whose results it keeps is not reported. Not ``required`` (a folder
+    of task runs, which ``report.tasks`` reads): finding none is no error."""
     read, left_out = [], dict(symbolic_links(root))
     for folder in run_folders(root):
         runs, problems = read_runs(folder)
@@ -196,6 +202,8 @@ def collect_runs(root: Path, selection: Selection = KEEP_ALL) -> Runs:
             left_out[folder] = "; ".join(problems)
     for folder, reason in left_out.items():
         log.warning("leaving out %s: %s", folder, reason)
+    if not read and not required:
+        return Runs([], left_out)
     if not read:
         example = next(iter(left_out.items()), None)
         left = f"; {len(left_out)} run folder(s) left out, e.g. {example[0]}: {example[1]}" if example else ""
@@ -241,15 +249,15 @@ def why_skipped(run: Path) -> str:
         lines = (run / ERROR_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
         return f"failed: {lines[0] if lines else 'no reason recorded'}"
     if (run / RESUME_CHECKPOINT).is_file():
-        return "unfinished: no results.csv yet (train.resume=auto continues it)"
+        return "unfinished: no results yet (train.resume=auto continues it)"
     return "incomplete: no results.csv (still running, or stopped before its first checkpoint)"
 
 
 def read_runs(folder: Path) -> tuple[list[Run], list[str]]:
     """The runs with rows in ``folder`` (none when its results.csv is missing or unusable, or its own training has
     not ended) and what was left out, and why."""
-    if find(folder, RESULTS) is None:
-        return [], [why_skipped(folder)]
+    if find(folder, RESULTS) is None:  # a task run has task_results.csv alone (report/tasks.py reads it)
+        return [], [] if find(folder, TASK_RESULTS) else [why_skipped(folder)]
     if unfinished_reason(folder):
         return [], [unfinished_reason(folder)]
     results, problem = read_table(find(folder, RESULTS), RESULTS)

@@ -1,0 +1,53 @@
+"""``task=mqar``: multi-query associative recall (Arora et al., 2023, Zoology).
+
+Source: ``pairs`` key-value pairs ``k1 v1 k2 v2 ...`` (keys distinct, from ``symbols``; values from a
+vocabulary of their own, as in Zoology). Query (the sequence's last tokens): ``queries`` of the keys, in a
+random order, each followed by its value, which is the answer. ``distance`` is the filler between the last
+pair and the first query; a pair's own gap to its query adds its place in the two blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import Task, TaskConfig
+
+
+@dataclass
+class MqarConfig(TaskConfig):
+    name: str = "mqar"
+    #: Key-value pairs in the source.
+    pairs: int = 8
+    #: Keys asked for at the end (distinct, of the pairs').
+    queries: int = 4
+
+
+class Mqar(Task):
+    config_class = MqarConfig
+
+    def sections(self) -> dict[str, int]:
+        return {**super().sections(), "value": self.cfg.symbols}
+
+    def check(self) -> None:
+        c = self.cfg
+        if not 1 <= c.pairs <= c.symbols:
+            raise ValueError(f"task.pairs={c.pairs} must be in [1, task.symbols={c.symbols}] (keys are distinct)")
+        if not 1 <= c.queries <= c.pairs:
+            raise ValueError(f"task.queries={c.queries} must be in [1, task.pairs={c.pairs}]")
+
+    def source_len(self) -> int:
+        return 2 * self.cfg.pairs
+
+    def answer_in_query(self) -> list[bool]:
+        return [False, True] * self.cfg.queries
+
+    def pieces(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        c = self.cfg
+        keys = self.distinct(rng, n, c.pairs)  # (n, pairs)
+        values = self.offsets["value"] + rng.integers(0, c.symbols, (n, c.pairs))
+        asked = np.argsort(rng.random((n, c.pairs)), axis=1)[:, : c.queries]  # which pairs, in asking order
+        source = np.stack([keys, values], 2).reshape(n, -1)  # k1 v1 k2 v2 ...
+        query = np.stack([np.take_along_axis(a, asked, 1) for a in (keys, values)], 2).reshape(n, -1)
+        return source, query

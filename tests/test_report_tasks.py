@@ -1,0 +1,43 @@
+"""The report's task section: task_results.csv collected, averaged over the seeds that learned, the others named."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from posbench.report import report
+from posbench.runfolder import TASK_RESULTS, ModelState, merge_rows
+
+
+def task_run(folder, encoding: str, seed: int, accuracies: dict[tuple[int, int], float], status: str = "ok"):
+    """A finished task run's task_results.csv: ``accuracies`` by (eval_len, distance)."""
+    rows = pd.DataFrame(
+        [
+            dict(encoding=encoding, variant="", task="passkey", train_len=64, train_lengths="64", seed=seed)
+            | dict(eval_len=length, distance=distance, trials=64, accuracy=accuracy, token_accuracy=accuracy, nll=0.1)
+            | dict(status=status, reason="" if status == "ok" else "accuracy 0.2 at train_len 64: not learned")
+            | dict(valid_accuracy=1.0 if status == "ok" else 0.2, learned_step=300 if status == "ok" else None)
+            | dict(best_step=400, stopped_step=500)
+            for (length, distance), accuracy in accuracies.items()
+        ]
+    )
+    folder.mkdir(parents=True)
+    merge_rows(folder, TASK_RESULTS, rows, ModelState(f"{encoding}{seed}", 100, True))
+
+
+def test_task_runs_alone_make_a_table_and_a_figure_per_task(tmp_path):
+    grid = {(64, 0): 1.0, (64, 55): 0.96, (128, 0): 0.5, (128, 119): 0.25}
+    task_run(tmp_path / "a0", "alibi", 0, grid)
+    task_run(tmp_path / "a1", "alibi", 1, {k: v / 2 for k, v in grid.items()})
+    task_run(tmp_path / "a2", "alibi", 2, grid, status="not_learned")  # left out of the mean, counted
+    task_run(tmp_path / "r0", "rope", 0, grid, status="not_learned")
+    out = report(tmp_path)
+    summary = pd.read_csv(out / "task_summary.csv").set_index(["encoding", "eval_len", "distance"])
+    assert summary.loc[("alibi", 128, 0), "accuracy_mean"] == 0.375  # (0.5 + 0.25) / 2: seeds 0 and 1
+    assert summary.loc[("alibi", 128, 0), "seeds"] == 2 and summary.loc[("alibi", 128, 0), "not_learned"] == 1
+    text = (out / "summary.md").read_text()
+    assert "## Task passkey" in text and "| alibi |  | 64 | 128 | 0.38 ± 0.18 (1 not learned) |" in text
+    assert "| rope |  | 64 | 64 | not learned |" in text
+    assert "| alibi |  | 64 | 64 | 2 of 3 | 0.733 | 300 | 400 | 500 |" in text  # learned_step: of the learned
+    assert "| rope |  | 64 | 64 | 0 of 1 | 0.200 |  | 400 | 500 |" in text
+    assert (out / "task_passkey.png").is_file() and (out / "task_passkey.svg").is_file()
+    assert len(pd.read_csv(out / "task_results.csv")) == 16
