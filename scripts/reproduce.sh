@@ -13,6 +13,8 @@
 #                       none: it has no positions to randomize, so that run would be the plain one again)
 #   lengths             alibi, rope, none, sinusoidal at train_len 64, 128 and 512 (seed 0; 256 is seed0's),
 #                       evaluated out to 32x, capped at 16,384, with tokens per step kept at 4 x 256
+#   tasks0 tasks1 tasks2  the task track (docs/tasks.md) at that seed: every encoding on passkey, mqar and
+#                       copy (task=NAME brings its recipe), each run writing task_results.csv
 #   evals               on finished runs: sliding windows (stride $STRIDE, the first $SLIDING_TOKENS
 #                       test tokens), RoPE context extension
 #                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
@@ -105,7 +107,7 @@ at_length() {
 }
 
 stage_runs() {  # the runs of stage $1, started with train()
-    local encoding seed length
+    local encoding seed length task
     case "$1" in
         seed0 | seed1 | seed2)
             seed=${1#seed}
@@ -127,6 +129,12 @@ stage_runs() {  # the runs of stage $1, started with train()
                     train "encoding=${encoding},train_len=${length}" experiment=study "encoding=$encoding" \
                         $(at_length "$length")
                 done
+            done ;;
+        tasks0 | tasks1 | tasks2)
+            seed=${1#tasks}
+            for task in passkey mqar copy; do
+                for encoding in $ENCODINGS; do train "task=${task},encoding=${encoding},seed=${seed}" \
+                    "task=$task" "encoding=$encoding" "seed=$seed"; done
             done ;;
         quick)
             for encoding in $CORE; do train "encoding=${encoding}" experiment=study "encoding=$encoding" \
@@ -235,7 +243,7 @@ run_stage() {
 }
 
 if [[ "${1:-}" == list ]]; then
-    for group in seed0 seed1 seed2 remedies lengths quick; do
+    for group in seed0 seed1 seed2 remedies lengths tasks0 tasks1 tasks2 quick; do
         RUNS=()
         stage_runs "$group"
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done

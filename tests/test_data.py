@@ -330,6 +330,14 @@ def test_reproduce_evals_every_finished_seed_run(clone, tmp_path):
     assert len(rope) == 6 + 4 + 1 and len(xpos) == 2
 
 
+def test_reproduce_tasks_train_every_encoding_on_each_task_at_the_seed(clone, tmp_path):
+    commands = reproduce(clone, tmp_path, "tasks2")
+    assert all(c[0] == "train" and "seed=2" in c for c in commands)
+    runs = sorted((values_of("task", [c])[0], values_of("encoding", [c])[0]) for c in commands)
+    assert runs == sorted((t, e) for t in ("passkey", "mqar", "copy") for e in ENCODINGS + ["throwaway"])
+    assert not any("experiment=study" in c for c in commands)  # task=NAME brings its own recipe
+
+
 def test_reproduce_generate_samples_from_every_finished_seed_run_once(clone, tmp_path):
     """The generate stage: one posbench generate per finished seed run (32 prompts), none on a run still
     training or of another stage, and none again once it finished."""
