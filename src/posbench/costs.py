@@ -11,6 +11,7 @@ its key; a value that fits but is costly gets one warning with an estimate, and 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -110,18 +111,29 @@ def check_copy_probe(cfg, vocab_size: int, distances: list[int], device: torch.d
         )
 
 
+@functools.cache
+def corpus_vocab_size(data_yaml: str) -> int:
+    """The vocabulary size of the data config ``data_yaml`` (its YAML), read once however many shapes use it."""
+    from omegaconf import OmegaConf
+
+    from .data import DataConfig, load_corpus
+
+    return load_corpus(OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.create(data_yaml))).vocab_size
+
+
 def timed_step_seconds(cfg) -> float:
     """Seconds of one training step of ``cfg``'s model on this machine, timed (after one warm-up step) on
     random tokens over the vocabulary of ``cfg.data`` (a task run's: its task's)."""
     import time
 
-    from .data import load_corpus
+    from omegaconf import OmegaConf
+
     from .model import LanguageModel
     from .runtime import resolve_device, resolve_precision
     from .tasks import build_task
 
     device = resolve_device(cfg.device)
-    vocab_size = build_task(cfg.task).vocab_size if cfg.task else load_corpus(cfg.data).vocab_size
+    vocab_size = build_task(cfg.task).vocab_size if cfg.task else corpus_vocab_size(OmegaConf.to_yaml(cfg.data))
     model = LanguageModel(
         cfg.model, cfg.encoding, vocab_size, cfg.train_len, resolve_precision(cfg.precision, device)[0]
     )

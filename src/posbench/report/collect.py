@@ -327,9 +327,11 @@ def deduplicated(table: pd.DataFrame, name: str) -> pd.DataFrame:
 def told_apart(runs: list[Run]) -> list[Run]:
     """``runs`` with their ``config`` label: the keys in which a run's config differs from the others of its
     line (seeds aside); "" where they agree, or a config is not known."""
-    configs = {}
+    configs, by_folder = {}, {}
     for run in runs:
-        saved = run_configs(run.folder).get(run.run_id)
+        if run.folder not in by_folder:  # a folder may hold several runs: its configs are read once
+            by_folder[run.folder] = run_configs(run.folder)
+        saved = by_folder[run.folder].get(run.run_id)
         configs[id(run)] = result_changing(saved) if isinstance(saved, dict) else None
     lines: dict[tuple, list[Run]] = {}
     for run in runs:
