@@ -29,6 +29,7 @@ from ..runfolder import (
     CONTEXT_CSV,
     COPY_CSV,
     ERROR_FILE,
+    GENERATION,
     HYDRA_DIR,
     MEASUREMENT_KEYS,
     PER_ARTICLE,
@@ -82,6 +83,7 @@ RUN_CSVS = {
     COPY_CSV: ("train_len", "seed", "distance", "trials", "nll_copy", "nll_baseline", "gain", "accuracy"),
     ATTENTION_CSV: ("train_len", "seed", "eval_len", "layer", "head", "entropy", "mean_distance"),
     BIAS_CSV: ("train_len", "seed", "head", "distance", "bias"),
+    GENERATION: ("train_len", "seed", "temperature", "top_k", "top_p", "position", "tokens", "repetition", "nll"),
     TASK_RESULTS: (
         *("train_len", "seed", "eval_len", "distance", "trials", "accuracy", "token_accuracy", "nll"),
         *("valid_accuracy", "learned_step", "best_step", "stopped_step"),
