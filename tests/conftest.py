@@ -132,8 +132,8 @@ TINY_MODEL = dict(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropo
 def tiny_lm():
     """tiny_lm("rope", vocab=50, train_len=16, encoding_noise=0.0, options=None, **model) -> a seeded tiny LM.
 
-    ``encoding_noise``: the std of noise added to the encoding's own parameters, so that a learned
-    bias that starts at zero cannot hide a bug. ``options``: the encoding's config fields (dict).
+    ``encoding_noise``: the std of noise added to the parameters of the encoding and of its layer terms, so that
+    a learned bias that starts at zero cannot hide a bug. ``options``: the encoding's config fields (dict).
     ``model`` overrides TINY_MODEL's fields.
     """
 
@@ -143,8 +143,9 @@ def tiny_lm():
         torch.manual_seed(0)
         encoding_cfg = ENCODINGS[encoding][0](**(options or {}))
         lm = LanguageModel(ModelConfig(**{**TINY_MODEL, **model}), encoding_cfg, vocab, train_len)
+        terms = [block.attn.terms for block in lm.blocks if block.attn.terms is not None]  # per-layer terms
         with torch.no_grad():
-            for p in lm.encoding.parameters():
+            for p in [*lm.encoding.parameters(), *(p for t in terms for p in t.parameters())]:
                 p.add_(encoding_noise * torch.randn_like(p))
         return lm
 
