@@ -76,7 +76,9 @@ def test_cached_decoding_equals_the_full_pass(model, case):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("case", ["alibi", "rope", "t5", "fire", "xpos", "none", "kerple_log", "rope/dynamic"])
+@pytest.mark.parametrize(
+    "case", ["alibi", "rope", "t5", "fire", "xpos", "none", "kerple_log", "rope/dynamic", "fox", "stickbreaking"]
+)
 def test_cached_decoding_equals_the_full_pass_in_every_attention_variant(model, case, variant):
     lm, idx = model(case), tokens()
     with lm.attention.evaluated_as(AttentionVariant(**VARIANTS[variant])):
