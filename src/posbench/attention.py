@@ -69,8 +69,9 @@ class Attention:
     cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
     (flex has none), or a score_mod that does not compile.
 
-    ``observer``: when set, called as ``observer(q, k)`` by every layer in turn with its rotated
-    q and k (B, H, T, hd); the attention-anatomy probe reads them there (``probes/attention.py``).
+    ``observer``: when set, called as ``observer(q, k, terms, state)`` by every layer in turn with its rotated
+    q and k (B, H, T, hd) and its content terms with their state (``None`` without); the attention-anatomy
+    probe reads them there (``probes/attention.py``).
     """
 
     def __init__(
@@ -87,7 +88,7 @@ class Attention:
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
         self._warned: set[str] = set()
         self._cache: dict[tuple, object] = {}
-        self.observer: Callable[[Tensor, Tensor], None] | None = None
+        self.observer: Callable[[Tensor, Tensor, LayerTerms | None, Tensor | None], None] | None = None
 
     def checked(self, variant: AttentionVariant) -> AttentionVariant:
         """``variant``, if this attention can serve it (log-n divides by log(train_len))."""
@@ -221,7 +222,7 @@ class Attention:
         q, k, v, state = self.positioned(q, k, v, plan, cache, state)
         q = self.scaled(q, k.shape[-2])
         if self.observer is not None:
-            self.observer(q, k)
+            self.observer(q, k, terms, state)
         if plan.backend == "flex" and not self.flex_broken:
             try:
                 return self.flex(q, k, v, plan)
