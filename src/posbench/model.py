@@ -45,7 +45,7 @@ class ModelConfig:
     attention: str = "auto"
     #: Compile the Transformer blocks with torch.compile (state-dict keys stay unchanged).
     compile: bool = False
-    #: Log-n attention scaling (``attention.logn_factors``): queries at positions past the training
+    #: Log-n attention scaling (``variant.logn_factors``): queries at positions past the training
     #: length scaled by log(n + 1) / log(train_len); training itself is unchanged.
     logn_scaling: bool = False
 
