@@ -119,7 +119,8 @@ class Attention:
         """The backend for one pass: the requested one (flex where it can run), or for ``auto``:
         flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, eager for training
         on CPU in bf16 without attention dropout up to ``EAGER_AUTO_MAX_TRAIN_LEN`` tokens, where each
-        was measured faster than sdpa (docs/performance.md), else sdpa."""
+        was measured faster than sdpa (docs/performance.md), else sdpa. Encodings with layer terms: eager,
+        whatever was asked (one warning for sdpa or flex)."""
         if self.encoding.has_layer_terms:  # only eager computes through the layers' content terms
             if self.backend in ("sdpa", "flex"):
                 name = type(self.encoding).__name__
