@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from posbench import attention as attention_mod
-from posbench.attention import Attention, eager_attention
+from posbench.attention import Attention
+from posbench.backends import eager_attention
 from posbench.masks import causal_mask
 from posbench.model import LanguageModel
 from posbench.positional import ENCODINGS, build_encoding

@@ -10,7 +10,8 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from posbench.attention import Attention, eager_attention
+from posbench.attention import Attention
+from posbench.backends import eager_attention
 from posbench.config import Config, EvalConfig
 from posbench.errors import PosbenchError
 from posbench.evaluate import variant_of, variant_parts

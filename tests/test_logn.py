@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posbench.attention import logn_factors
+from posbench.variant import logn_factors
 
 TRAIN_LEN, SEQ = 8, 20
 

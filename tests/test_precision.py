@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench import runtime
-from posbench.attention import sdpa_attention
+from posbench.backends import sdpa_attention
 from posbench.config import check_config
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError

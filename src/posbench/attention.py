@@ -1,6 +1,9 @@
-"""Causal attention backends, all computing the same thing: softmax(q·kᵀ/√d + bias, causal) · v.
+"""Causal attention: which backend computes softmax(q·kᵀ/√d + bias, causal) · v, and with which masks.
+The kernels are in backends.py.
 
 * ``eager``: scores, materialised bias, masked softmax; the reference and the benchmark baseline.
+  Encodings with per-layer content terms (``PositionEncoding.layer_terms``) run here only, through
+  their logits hook and weights (``backends.content_attention``).
 * ``sdpa``: ``scaled_dot_product_attention``; ``is_causal`` without bias, else a float mask
   built once per length and cached.
 * ``flex``: FlexAttention with the bias computed inside the kernel from the encoding's
@@ -19,87 +22,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .backends import Plan, bias_score_mod, dense_attention, flex_kernel
 from .cache import LayerCache
 from .errors import raise_problems
 from .masks import FLEX_BLOCK, causal_block_mask, causal_mask, reaching_block_mask
-from .positional import PositionEncoding
-from .variant import AS_TRAINED, AttentionVariant
+from .positional import LayerTerms, PositionEncoding
+from .variant import AS_TRAINED, AttentionVariant, logn_factors
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 #: Bytes of fp32 mask (or eager scores) held at once; longer sequences go block by block of queries.
 MASK_BUDGET = 256 * 2**20
-
-
-def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, dropout_p: float = 0.0) -> Tensor:
-    """q (B, H, Q, hd), k and v (B, H, K, hd), mask (1, H|1, Q, K) -> (B, H, Q, hd)."""
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + mask  # (B, H, Q, K)
-    return F.dropout(scores.softmax(dim=-1), dropout_p) @ v
-
-
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
-    """As ``eager_attention``; ``mask=None`` means plain causal (square q and k only).
-
-    Under CPU autocast the fp32 mask stays fp32 (autocast would round it to bf16, where an ALiBi bias at
-    distance 16k moves in steps of 64): q, k and v are cast to bf16 here instead, and the CPU kernel adds
-    the fp32 mask to its fp32 scores. CUDA's fused kernels need the mask in q's dtype.
-    """
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        dtype = torch.get_autocast_dtype("cpu")
-        with torch.autocast("cpu", enabled=False):
-            return F.scaled_dot_product_attention(
-                q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask, dropout_p=dropout_p
-            )
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), dropout_p=dropout_p)
-
-
-_compiled_flex = None
-
-#: One kernel per (length, encoding): allow more of them than torch's default 8 before it gives up compiling.
-FLEX_RECOMPILE_LIMIT = 64
-
-
-def flex_kernel():
-    """``flex_attention`` compiled once per process (uncompiled it materialises every score).
-
-    Static shapes, one kernel per (padded) length: the combination the tests check against eager.
-    """
-    global _compiled_flex
-    if _compiled_flex is None:
-        import torch._dynamo.config
-        from torch.nn.attention.flex_attention import flex_attention
-
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex
-
-
-def bias_score_mod(encoding: PositionEncoding, positions: Tensor | None = None):
-    """FlexAttention ``score_mod`` adding the encoding's ``bias_at``; ``None`` without bias.
-
-    ``positions`` (B, T): sequence ``batch`` has its own row of positions; ``None``: the indices are the positions.
-    """
-    if not encoding.has_bias:
-        return None
-
-    def score_mod(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + encoding.bias_at(head, q_idx, kv_idx)
-
-    def score_mod_at_positions(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return score + encoding.bias_at(head, positions[batch, q_idx], positions[batch, kv_idx])
-
-    return score_mod if positions is None else score_mod_at_positions
+#: Score-sized tensors that content terms hold at once (scores, logits, their log-sigmoids, cumulative
+#: sums, weights): their query blocks are this many times smaller, so their memory stays that of the others.
+CONTENT_COPIES = 4
 
 
 #: ``auto`` runs flex from this length up for evaluation of bias encodings, where ``bench`` measured it
@@ -110,35 +53,6 @@ FLEX_AUTO_MIN_LEN = 4096
 #: where ``scripts/backend_check.py`` measured it 1-29% faster than sdpa on 2 threads (at 1,024, 4% slower
 #: for RoPE); docs/performance.md has the table.
 EAGER_AUTO_MAX_TRAIN_LEN = 512
-
-
-def logn_factors(seq_len: int, train_len: int, device=None) -> Tensor:
-    """(seq_len,) query scales of log-n attention scaling: log(n + 1) / log(train_len) at positions
-    n >= train_len, 1 before, so a model is unchanged on the lengths it was trained on.
-
-    Chiang & Cholak, 2022, "Overcoming a Theoretical Limitation of Self-Attention" (arXiv:2202.12172),
-    scale attention logits by log n so that attention does not flatten as n grows; this variant
-    normalises by log(train_len) and applies only past the training length.
-    """
-    n = torch.arange(seq_len, device=device, dtype=torch.float32)
-    return (torch.log(n + 1) / math.log(train_len)).clamp(min=1.0)
-
-
-@dataclass
-class Plan:
-    """How every layer of one forward pass attends (shared by the layers, built once per pass)."""
-
-    backend: str  # eager | sdpa | flex, after ``auto`` and fallbacks are resolved
-    seq_len: int
-    dropout_p: float = 0.0  # on the attention weights
-    mask: Tensor | None = None  # full (1, H|1, T, T) mask; None: causal flag, flex, or query blocks
-    block_mask: object = None  # flex's BlockMask
-    query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
-    # The keys each query sees (masks.py): as trained, or the evaluation-time variant's where it cuts some.
-    reach: AttentionVariant = AS_TRAINED
-    positions: Tensor | None = None  # the tokens' positions (T,) or (B, T), for the encoding's rotation and bias
-    #: The positions are the encoding's 0..T-1 (``counting``): masks are kept per length, flex biases by index.
-    positions_are_indices: bool = True
 
 
 def attention_problems(backend: str, logn_train_len: int | None) -> list[str]:
@@ -208,6 +122,11 @@ class Attention:
         flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, eager for training
         on CPU in bf16 without attention dropout up to ``EAGER_AUTO_MAX_TRAIN_LEN`` tokens, where each
         was measured faster than sdpa (docs/performance.md), else sdpa."""
+        if self.encoding.has_layer_terms:  # only eager computes through the layers' content terms
+            if self.backend in ("sdpa", "flex"):
+                name = type(self.encoding).__name__
+                self.warn_once(f"model.attention={self.backend}: {name} computes per-layer terms; using eager")
+            return "eager"
         obstacle = self.flex_obstacle(device, needs_grad, dropout_p)
         if self.backend == "auto":
             long_bias_eval = self.encoding.has_bias and seq_len >= FLEX_AUTO_MIN_LEN
@@ -249,8 +168,9 @@ class Attention:
             return plan  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
         rows = len(positions) if positions.dim() == 2 and self.encoding.has_bias else 1  # a bias per sequence
-        if rows * heads * seq_len * seq_len * 4 > MASK_BUDGET:
-            plan.query_block = max(1, MASK_BUDGET // (4 * rows * heads * seq_len))
+        budget = MASK_BUDGET // CONTENT_COPIES if self.encoding.has_layer_terms else MASK_BUDGET
+        if rows * heads * seq_len * seq_len * 4 > budget:
+            plan.query_block = max(1, budget // (4 * rows * heads * seq_len))
             return plan
         bias_positions = None if plan.positions_are_indices else positions
         if self.encoding.is_static and (plan.positions_are_indices or not self.encoding.has_bias):
@@ -279,17 +199,29 @@ class Attention:
         end = past + new
         reach = self.variant if self.variant.cuts_at(end) else AS_TRAINED  # as in ``plan``
         keys = torch.arange(end, device=device)
-        plan = Plan("eager" if self.backend == "eager" else "sdpa", new, positions=keys[past:], reach=reach)
+        eager = self.backend == "eager" or self.encoding.has_layer_terms
+        plan = Plan("eager" if eager else "sdpa", new, positions=keys[past:], reach=reach)
         plan.positions_are_indices = False
         plan.mask = causal_mask(self.encoding, keys[past:], keys, reach)  # (1, H|1, new, end)
         return plan
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None = None) -> Tensor:
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        plan: Plan,
+        cache: LayerCache | None = None,
+        terms: LayerTerms | None = None,
+        state: Tensor | None = None,
+    ) -> Tensor:
         """q, k, v (B, H, T, hd) -> (B, H, T, hd), causal, with the encoding's rotation and bias.
 
         With ``cache``, the T tokens follow those in it: they attend to its keys too and are added to it.
+        ``terms``: the layer's content terms (``PositionEncoding.layer_terms``), with their ``state`` (B, H, T)
+        of these tokens (``LayerTerms.prepare``), kept in the cache beside the keys.
         """
-        q, k, v = self.positioned(q, k, v, plan, cache)
+        q, k, v, state = self.positioned(q, k, v, plan, cache, state)
         q = self.scaled(q, k.shape[-2])
         if self.observer is not None:
             self.observer(q, k)
@@ -302,7 +234,7 @@ class Attention:
                 self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({reason}); using sdpa")
         if plan.backend == "flex":  # broken this pass: re-plan without flex
             plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
-        return self.dense(q, k, v, plan)
+        return dense_attention(q, k, v, plan, self.encoding, terms, state)
 
     def scaled(self, q: Tensor, seq_len: int) -> Tensor:
         """The queries (the last of ``seq_len`` keys) scaled as the variant asks: log-n past the training
@@ -312,15 +244,18 @@ class Attention:
             q = q * logn_factors(seq_len, self.train_len, q.device)[-q.shape[-2] :, None].to(q.dtype)
         return q if variant.temperature is None else q * variant.temperature
 
-    def positioned(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None):
-        """q and k rotated at their positions; with ``cache``, the keys and values of every token so far."""
+    def positioned(
+        self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, cache: LayerCache | None, state: Tensor | None = None
+    ):
+        """q and k rotated at their positions, v and the content state; with ``cache``, the keys, values and
+        state of every token so far."""
         if cache is None:
-            return (*self.encoding.rotate(q, k, plan.positions), v)
+            return (*self.encoding.rotate(q, k, plan.positions), v, state)
         if self.encoding.rotates_per_pass:  # cached unrotated; every key turns again with this pass's tables
-            k, v = cache.extend(k, v)
-            return (*self.encoding.rotate(q, k, self.encoding.counting(k.shape[-2], q.device)), v)
+            k, v, state = cache.extend(k, v, state)
+            return (*self.encoding.rotate(q, k, self.encoding.counting(k.shape[-2], q.device)), v, state)
         q, k = self.encoding.rotate(q, k, plan.positions)
-        return (q, *cache.extend(k, v))
+        return (q, *cache.extend(k, v, state))
 
     def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
         """FlexAttention on q, k, v zero-padded to whole blocks (docs/performance.md, "Design notes").
@@ -335,21 +270,3 @@ class Attention:
             score_mod = bias_score_mod(self.encoding, F.pad(plan.positions.expand(len(q), -1), (0, pad)))
         out = flex_kernel()(*padded, score_mod=score_mod, block_mask=plan.block_mask)
         return out[:, :, : plan.seq_len]
-
-    def dense(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
-        """The eager or sdpa backend, with the full mask or one block of queries at a time."""
-        attend = eager_attention if plan.backend == "eager" else sdpa_attention
-        if plan.query_block is None:
-            return attend(q, k, v, plan.mask, plan.dropout_p)
-        idx = torch.arange(plan.seq_len, device=q.device)
-        bias_positions = None if plan.positions_are_indices else plan.positions
-        out = []
-        for s in range(0, plan.seq_len, plan.query_block):
-            e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see the sinks and keys lo..e-1
-            lo = max(0, plan.reach.oldest_key(s))  # older keys: hidden from every query here
-            sinks = min(plan.reach.sink, lo)  # sink keys before lo (later ones are among lo..e-1)
-            keys = torch.cat([idx[:sinks], idx[lo:e]])
-            mask = causal_mask(self.encoding, idx[s:e], keys, plan.reach, bias_positions)  # (B|1, H|1, e-s, K)
-            k_seen, v_seen = (k[:, :, lo:e], v[:, :, lo:e]) if sinks == 0 else (k[:, :, keys], v[:, :, keys])
-            out.append(attend(q[:, :, s:e], k_seen, v_seen, mask, plan.dropout_p))
-        return torch.cat(out, dim=2)  # (B, H, T, hd)

@@ -16,7 +16,8 @@ from .errors import PosbenchError
 
 
 class LayerCache:
-    """One layer's keys and values, (B, H, capacity, hd) each, filled up to ``length``.
+    """One layer's keys and values, (B, H, capacity, hd) each, filled up to ``length``, and the per-token
+    state (B, H, capacity) of its content terms where it has some (``LayerTerms.prepare``).
 
     Allocated whole at the first tokens, so adding a token writes that token only.
     """
@@ -25,19 +26,26 @@ class LayerCache:
         self.capacity, self.length = capacity, 0
         self.k: Tensor | None = None
         self.v: Tensor | None = None
+        self.state: Tensor | None = None
 
-    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the keys and values (B, H, T, hd) of T new tokens; returns those of every token so far."""
+    def extend(self, k: Tensor, v: Tensor, state: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Add the keys and values (B, H, T, hd) and the state (B, H, T) or ``None`` of T new tokens; returns
+        those of every token so far."""
         end = self.length + k.shape[-2]
         if end > self.capacity:
             raise PosbenchError(f"the key/value cache holds {self.capacity} tokens; {end} do not fit")
         if self.k is None:
-            self.k, self.v = (
-                torch.empty(*t.shape[:2], self.capacity, t.shape[-1], dtype=t.dtype, device=t.device) for t in (k, v)
-            )
+            self.k, self.v = (self.allocate(t) for t in (k, v))
+            self.state = None if state is None else self.allocate(state)
         self.k[:, :, self.length : end], self.v[:, :, self.length : end] = k, v
+        if state is not None:
+            self.state[:, :, self.length : end] = state
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return self.k[:, :, :end], self.v[:, :, :end], None if state is None else self.state[:, :, :end]
+
+    def allocate(self, t: Tensor) -> Tensor:
+        """An empty tensor like ``t`` with ``capacity`` tokens on its third axis."""
+        return torch.empty(*t.shape[:2], self.capacity, *t.shape[3:], dtype=t.dtype, device=t.device)
 
 
 class KVCache:

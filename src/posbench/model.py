@@ -2,7 +2,8 @@
 
 The model talks to its encoding through three calls (see ``positional/base.py``), each given the
 tokens' positions: ``embed`` on the token embeddings; ``rotate`` on q/k and ``bias`` in the attention
-(``attention.py``), which every layer shares and which turns the bias into one mask per pass.
+(``attention.py``), which every layer shares and which turns the bias into one mask per pass. An encoding
+that reads the tokens also gives each layer its own ``LayerTerms`` (``layer_terms``), held by that layer.
 The encoding initialises its own parameters; the model's GPT-2 initialisation covers only its own layers.
 """
 
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 from .attention import Attention, Plan, attention_problems
 from .cache import KVCache, LayerCache
 from .errors import raise_problems
-from .positional import Dimensions, build_encoding, encoding_problems
+from .positional import Dimensions, LayerTerms, build_encoding, encoding_problems
 from .runtime import autocast
 from .variant import AttentionVariant
 
@@ -82,12 +83,15 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.attention = attention  # shared by every layer; not a module, so no state-dict keys
+        # This layer's content terms: a module (state-dict keys ``terms.*``) only for encodings that have them.
+        self.terms = attention.encoding.layer_terms()
 
     def forward(self, x: Tensor, plan: Plan, cache: LayerCache | None = None) -> Tensor:
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # (B, H, T, hd) each
-        y = self.attention(q, k, v, plan, cache)  # (B, H, T, hd)
+        state = None if self.terms is None else self.terms.prepare(x)  # (B, H, T) or None
+        y = self.attention(q, k, v, plan, cache, self.terms, state)  # (B, H, T, hd)
         return self.resid_dropout(self.proj(y.transpose(1, 2).reshape(B, T, C)))
 
 
@@ -130,7 +134,8 @@ class LanguageModel(nn.Module):
                 block.compile()
 
     def reset_parameters(self) -> None:
-        """GPT-2's initialisation of the model's own layers; the encoding initialises its own."""
+        """GPT-2's initialisation of the model's own layers; the encoding initialises its own, and the layers'
+        content terms theirs (``LayerTerms.reset_parameters``)."""
         self.encoding.reset_parameters()  # first: the encoding is the first child, so draws keep their order
         for child in self.children():
             if child is not self.encoding:
@@ -145,6 +150,8 @@ class LanguageModel(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+        if isinstance(module, LayerTerms):  # ``apply`` reaches it after its children: its own rule wins
+            module.reset_parameters()
 
     @property
     def attn_dropout(self) -> float:

@@ -98,3 +98,15 @@ class AttentionVariant:
 
 #: Attention as trained.
 AS_TRAINED = AttentionVariant()
+
+
+def logn_factors(seq_len: int, train_len: int, device=None) -> torch.Tensor:
+    """(seq_len,) query scales of log-n attention scaling: log(n + 1) / log(train_len) at positions
+    n >= train_len, 1 before, so a model is unchanged on the lengths it was trained on.
+
+    Chiang & Cholak, 2022, "Overcoming a Theoretical Limitation of Self-Attention" (arXiv:2202.12172),
+    scale attention logits by log n so that attention does not flatten as n grows; this variant
+    normalises by log(train_len) and applies only past the training length.
+    """
+    n = torch.arange(seq_len, device=device, dtype=torch.float32)
+    return (torch.log(n + 1) / math.log(train_len)).clamp(min=1.0)

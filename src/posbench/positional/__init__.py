@@ -17,7 +17,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from ..errors import ProblemsFound
 from .alibi import alibi_bias, alibi_slopes
-from .base import ENCODINGS, Dimensions, EncodingConfig, PositionEncoding, sample_positions
+from .base import ENCODINGS, Dimensions, EncodingConfig, LayerTerms, PositionEncoding, sample_positions
 from .rope import apply_rope, rope_inv_freq
 from .rotary import rotary_angles, rotary_inv_freq, rotate_pairs
 from .sinusoidal import sinusoidal_table
@@ -72,6 +72,7 @@ __all__ = [
     "ENCODINGS",
     "Dimensions",
     "EncodingConfig",
+    "LayerTerms",
     "PositionEncoding",
     "sample_positions",
     "build_encoding",

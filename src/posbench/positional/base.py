@@ -1,12 +1,15 @@
 """The seam between the model and every position encoding.
 
-An encoding touches attention in at most one of three places, and overrides only that one:
+An encoding touches attention in at most one of four places, and overrides only that one:
 
 * absolute encodings add to the token embeddings (``embed``);
 * rotary encodings transform queries and keys (``rotate``);
-* bias encodings add a per-head term to the attention logits (``bias_at``).
+* bias encodings add a per-head term to the attention logits (``bias_at``);
+* content encodings, whose terms depend on the tokens (a forget gate, stick-breaking weights), give each
+  layer a :class:`LayerTerms` module (``layer_terms``): a per-token quantity from the layer's input
+  (``prepare``), a hook on the logits (``logits``) and the rule that turns logits into weights (``weights``).
 
-The model calls all three unconditionally; the defaults are no-ops, so the model
+The model calls all of them unconditionally; the defaults are no-ops, so the model
 never branches on an encoding's name.
 
 Each call takes the tokens' positions explicitly: ``positions`` gives them, (T,) or one row per
@@ -81,6 +84,41 @@ def sample_positions(
 #: Every encoding by name: (config dataclass, module class). A subclass that names its ``config_class``
 #: registers itself here when its module is imported; ``positional/__init__`` imports every module.
 ENCODINGS: dict[str, tuple[type, type[PositionEncoding]]] = {}
+
+
+class LayerTerms(nn.Module):
+    """One layer's content terms, owned by that layer's attention (its parameters are the layer's).
+
+    Each method has a default that leaves attention as it is; an encoding overrides what it needs. The
+    attention computes them eagerly, one block of queries at a time (``backends.content_attention``).
+    """
+
+    def reset_parameters(self) -> None:
+        """Initialise the terms' parameters; the model calls it after its GPT-2 initialisation of every
+        ``nn.Linear`` and ``nn.Embedding`` inside (which is what the terms get if this does nothing)."""
+
+    def prepare(self, x: Tensor) -> Tensor | None:
+        """A per-token quantity (B, H, T) from the layer's attention input x (B, T, D), or ``None``.
+
+        It must depend on each token alone (no sums over tokens): it is computed once per pass, kept
+        beside the keys in a key/value cache, and handed whole to ``logits`` as ``state``."""
+        return None
+
+    def logits(
+        self, scores: Tensor, bias: Tensor, q: Tensor, k: Tensor, state: Tensor | None, q_idx: Tensor, k_idx: Tensor
+    ) -> Tensor:
+        """The logits (B, H, Q, K) of one block of queries.
+
+        scores (B, H, Q, K): q·kᵀ/√d; q (B, H, Q, hd) and k (B, H, K, hd) as attention uses them (rotated,
+        scaled by the variant); bias (B|1, H|1, Q, K): the encoding's static bias with -inf at hidden keys
+        (causality, the variant's window or sinks); state (B, H, T): ``prepare``'s, for every token so far;
+        q_idx (Q,) and k_idx (K,): the token indices of the queries and keys, to index ``state``.
+        Keys that ``bias`` hides must stay -inf."""
+        return scores + bias
+
+    def weights(self, logits: Tensor) -> Tensor:
+        """Attention weights (B, H, Q, K) over the keys; hidden keys have logit -inf and must get 0."""
+        return logits.softmax(dim=-1)
 
 
 class PositionEncoding(nn.Module):
@@ -176,6 +214,15 @@ class PositionEncoding(nn.Module):
         """
         heads = torch.arange(self.n_heads, device=q_pos.device)
         return self.bias_at(heads[:, None, None], q_pos[None, :, None], k_pos[None, None, :])
+
+    def layer_terms(self) -> LayerTerms | None:
+        """A new :class:`LayerTerms` for one layer (the model calls it once per layer), or ``None``: the
+        layers attend by ``rotate`` and ``bias_at`` alone, on any backend."""
+        return None
+
+    @property
+    def has_layer_terms(self) -> bool:
+        return type(self).layer_terms is not PositionEncoding.layer_terms
 
     @property
     def has_bias(self) -> bool:
