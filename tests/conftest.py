@@ -132,8 +132,8 @@ TINY_MODEL = dict(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropo
 def tiny_lm():
     """tiny_lm("rope", vocab=50, train_len=16, encoding_noise=0.0, options=None, **model) -> a seeded tiny LM.
 
-    ``encoding_noise``: the std of noise added to the encoding's own parameters, so that a learned
-    bias that starts at zero cannot hide a bug. ``options``: the encoding's config fields (dict).
+    ``encoding_noise``: the std of noise added to the parameters of the encoding and of its layer terms, so that
+    a learned bias that starts at zero cannot hide a bug. ``options``: the encoding's config fields (dict).
     ``model`` overrides TINY_MODEL's fields.
     """
 
@@ -143,9 +143,35 @@ def tiny_lm():
         torch.manual_seed(0)
         encoding_cfg = ENCODINGS[encoding][0](**(options or {}))
         lm = LanguageModel(ModelConfig(**{**TINY_MODEL, **model}), encoding_cfg, vocab, train_len)
+        terms = [block.attn.terms for block in lm.blocks if block.attn.terms is not None]  # per-layer terms
         with torch.no_grad():
-            for p in lm.encoding.parameters():
+            for p in [*lm.encoding.parameters(), *(p for t in terms for p in t.parameters())]:
                 p.add_(encoding_noise * torch.randn_like(p))
         return lm
 
     return _tiny_lm
+
+
+@pytest.fixture
+def content_layer(monkeypatch):
+    """content_layer("fox", T) -> (layer, plan): one float64 SelfAttention (4 heads of 8) of that encoding, every
+    weight drawn N(0, 0.3²) (its layer terms' too), and the plan of a training pass over T tokens; at T > 64 the
+    queries go in blocks of at most 50 (MASK_BUDGET lowered), so the reference tests reach the query blocks."""
+    import posbench.attention as attention_mod
+    from posbench.attention import Attention
+    from posbench.model import SelfAttention
+    from posbench.positional import build_encoding
+
+    def _layer(name: str, seq_len: int):
+        torch.manual_seed(0)
+        encoding = build_encoding(ENCODINGS[name][0](), n_heads=4, head_dim=8, d_model=32, train_len=16)
+        monkeypatch.setattr(attention_mod, "MASK_BUDGET", int(4 * 4 * seq_len * 50 * encoding.logit_memory_factor))
+        layer = SelfAttention(ModelConfig(d_model=32, n_heads=4, dropout=0.0), Attention("auto", encoding)).double()
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.normal_(0.0, 0.3)
+        plan = layer.attention.plan(seq_len, torch.device("cpu"), True, 0.0)
+        assert plan.backend == "eager" and (plan.query_block is not None) == (seq_len > 64)
+        return layer, plan
+
+    return _layer

@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 #: Bytes of fp32 mask (or eager scores) held at once; longer sequences go block by block of queries.
 MASK_BUDGET = 256 * 2**20
-#: Score-sized tensors that content terms hold at once (scores, logits, their log-sigmoids, cumulative
-#: sums, weights): their query blocks are this many times smaller, so their memory stays that of the others.
-CONTENT_COPIES = 4
 
 
 #: ``auto`` runs flex from this length up for evaluation of bias encodings, where ``bench`` measured it
@@ -168,9 +165,9 @@ class Attention:
             return plan  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
         rows = len(positions) if positions.dim() == 2 and self.encoding.has_bias else 1  # a bias per sequence
-        budget = MASK_BUDGET // CONTENT_COPIES if self.encoding.has_layer_terms else MASK_BUDGET
+        budget = MASK_BUDGET / self.encoding.logit_memory_factor if self.encoding.has_layer_terms else MASK_BUDGET
         if rows * heads * seq_len * seq_len * 4 > budget:
-            plan.query_block = max(1, budget // (4 * rows * heads * seq_len))
+            plan.query_block = max(1, int(budget // (4 * rows * heads * seq_len)))
             return plan
         bias_positions = None if plan.positions_are_indices else positions
         if self.encoding.is_static and (plan.positions_are_indices or not self.encoding.has_bias):

@@ -220,6 +220,10 @@ class PositionEncoding(nn.Module):
         layers attend by ``rotate`` and ``bias_at`` alone, on any backend."""
         return None
 
+    #: With layer terms: the fp32 tensors of the scores' size (B, H, Q, K) they hold at once (scores, logits,
+    #: log-sigmoids, cumulative sums, weights), by which their query blocks are made smaller than others'.
+    logit_memory_factor: ClassVar[float] = 4.0
+
     @property
     def has_layer_terms(self) -> bool:
         return type(self).layer_terms is not PositionEncoding.layer_terms
