@@ -94,7 +94,8 @@ def test_logits_weights_output_and_gradients_equal_the_reference(T, npos, block,
     """16 tokens on the full mask; 300 tokens 7 queries at a time. The cap (npos − 1) and the interpolation
     both act: some positions reach the cap, others fall between integers."""
     if block is not None:
-        monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * attention_mod.CONTENT_COPIES * H * T * block)
+        factor = make().logit_memory_factor  # the content path's blocks are this many times smaller
+        monkeypatch.setattr(attention_mod, "MASK_BUDGET", math.ceil(4 * factor * H * T * block))
         assert Attention("auto", make(npos_max=npos)).plan(T, torch.device("cpu"), True, 0.0).query_block == block
     encoding, terms, (q, k, v) = setup(T, npos)
     hidden = torch.ones(T, T, dtype=torch.bool).triu(1)

@@ -101,7 +101,8 @@ def test_logits_weights_output_and_gradients_equal_the_reference(T, block, monke
     """16 tokens on the full mask; 300 tokens 7 queries at a time; two sequences, so that the static bias (one
     for the batch) meets scores of each."""
     if block is not None:
-        monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * attention_mod.CONTENT_COPIES * H * T * block)
+        factor = make().logit_memory_factor  # the content path's blocks are this many times smaller
+        monkeypatch.setattr(attention_mod, "MASK_BUDGET", math.ceil(4 * factor * H * T * block))
         assert Attention("auto", make()).plan(T, torch.device("cpu"), True, 0.0).query_block == block
     assert_equal_to_the_reference(T)
 
@@ -123,7 +124,7 @@ def test_the_reference_check_fails_when_a_detail_of_the_formula_changes(mutant, 
 
 
 def test_the_static_bias_is_the_base_encodings_and_the_mlp_is_per_layer(tiny_lm):
-    lm = tiny_lm("dape", train_len=64, encoding_noise=0.1)
+    lm = tiny_lm("dape", train_len=64)
     kerple = build_encoding({"name": "kerple_log"}, n_heads=4, head_dim=8, d_model=32, train_len=64)
     kerple.load_state_dict({name[len("base.") :]: p for name, p in lm.encoding.state_dict().items()})
     pos = torch.arange(10)
