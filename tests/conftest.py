@@ -143,9 +143,8 @@ def tiny_lm():
         torch.manual_seed(0)
         encoding_cfg = ENCODINGS[encoding][0](**(options or {}))
         lm = LanguageModel(ModelConfig(**{**TINY_MODEL, **model}), encoding_cfg, vocab, train_len)
-        terms = [block.attn.terms for block in lm.blocks if block.attn.terms is not None]  # per-layer terms
         with torch.no_grad():
-            for p in [*lm.encoding.parameters(), *(p for t in terms for p in t.parameters())]:
+            for p in lm.encoding_parameters():  # the layers' content terms' too
                 p.add_(encoding_noise * torch.randn_like(p))
         return lm
 

@@ -12,7 +12,7 @@ from posbench.attention import Attention
 from posbench.backends import eager_attention
 from posbench.masks import causal_mask
 from posbench.model import LanguageModel
-from posbench.positional import ENCODINGS, build_encoding
+from posbench.positional import ENCODINGS, PositionEncoding, build_encoding
 
 VOCAB, SEQ = 50, 40  # 40: not a multiple of flex's 128-token blocks
 CUDA = torch.cuda.is_available()
@@ -84,15 +84,20 @@ def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch, build):
     x, y = batch()
     lm = build(name, backend)
     full = nll_and_grads(lm, x, y)
-    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 4 * lm.encoding.n_heads * SEQ * 7)
+    factor = lm.encoding.logit_memory_factor if lm.encoding.has_layer_terms else 1  # their blocks are smaller
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", int(4 * lm.encoding.n_heads * SEQ * 7 * factor))
     lm = build(name, backend)
-    blocks = backend == "eager" or lm.encoding.has_bias
+    blocks = backend == "eager" or lm.encoding.has_bias or lm.encoding.has_layer_terms
     assert lm.attention.plan(SEQ, x.device, True, 0.0).query_block == (7 if blocks else None)
     assert_same(*full, *nll_and_grads(lm, x, y))
 
 
+#: Encodings whose layers compute terms of their own (``layer_terms``): eager only, whatever was asked.
+CONTENT = [name for name, (_, cls) in ENCODINGS.items() if cls.layer_terms is not PositionEncoding.layer_terms]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(ENCODINGS))
+@pytest.mark.parametrize("name", [name for name in ENCODINGS if name not in CONTENT])
 def test_flex_equals_eager(name, build):
     """Forward on CPU (FlexAttention has no CPU backward); forward and backward on CUDA."""
     device = "cuda" if CUDA else "cpu"
@@ -233,3 +238,16 @@ def test_attention_dropout_of_one_drops_every_weight():
     q, k, v = torch.randn(3, 1, 8, 16, 4).unbind(0)
     plan = sdpa.plan(16, torch.device("cpu"), False, 1.0)
     assert plan.dropout_p == 1.0 and torch.count_nonzero(sdpa(q, k, v, plan)) == 0
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("name", CONTENT)
+def test_layer_terms_run_on_eager_with_one_warning(name, backend, build, caplog):
+    """sdpa and flex cannot call a layer's terms: the pass runs on eager instead, and says so once."""
+    x, y = batch()
+    lm = build(name, backend)
+    with caplog.at_level(logging.WARNING, logger="posbench.attention"):
+        for _ in range(2):
+            assert lm.attention.pick(SEQ, x.device, True, 0.0) == "eager"
+    assert len([r for r in caplog.records if "using eager" in r.getMessage()]) == 1
+    assert_same(*nll_and_grads(build(name, "eager"), x, y), *nll_and_grads(lm, x, y))

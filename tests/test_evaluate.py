@@ -110,6 +110,9 @@ class FixedLogits(nn.Module):
     def num_params(self):
         return 0
 
+    def encoding_parameters(self):
+        return list(self.encoding.parameters())
+
 
 def test_ppl_beyond_on_fixed_logits(tmp_path):
     from posbench.evaluate import evaluate_lengths

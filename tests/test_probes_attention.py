@@ -92,3 +92,12 @@ def test_bias_curves_of_alibi_are_its_slopes_times_distance():
         curve = df[df["head"] == head]
         np.testing.assert_allclose(curve["bias"], -slope * curve["distance"], rtol=1e-6)
     assert bias_curves(encoding("rope"), train_len=L).empty
+
+
+def test_content_terms_make_the_weights_the_probe_reads():
+    """Stick-breaking with q = 0 (β = 1/2 everywhere): query i gives key j < i the weight 2^-(i-j) and itself
+    the 2^-i left over, not the uniform weights a softmax would give."""
+    sb = encoding("stickbreaking")
+    stats = head_stats(sb, torch.zeros(2, T, 4), torch.randn(2, T, 4), train_len=L, terms=sb.layer_terms())
+    distance = [sum(d * 2.0**-d for d in range(1, i + 1)) for i in range(T)]  # the query itself is at distance 0
+    np.testing.assert_allclose(stats["mean_distance"].numpy(), np.mean(distance), rtol=1e-6)

@@ -69,8 +69,9 @@ class Attention:
     cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
     (flex has none), or a score_mod that does not compile.
 
-    ``observer``: when set, called as ``observer(q, k)`` by every layer in turn with its rotated
-    q and k (B, H, T, hd); the attention-anatomy probe reads them there (``probes/attention.py``).
+    ``observer``: when set, called as ``observer(q, k, terms, state)`` by every layer in turn with its rotated
+    q and k (B, H, T, hd) and its content terms with their state (``None`` without); the attention-anatomy
+    probe reads them there (``probes/attention.py``).
     """
 
     def __init__(
@@ -87,7 +88,7 @@ class Attention:
         self.flex_broken = False  # set when compiling the encoding's score_mod failed
         self._warned: set[str] = set()
         self._cache: dict[tuple, object] = {}
-        self.observer: Callable[[Tensor, Tensor], None] | None = None
+        self.observer: Callable[[Tensor, Tensor, LayerTerms | None, Tensor | None], None] | None = None
 
     def checked(self, variant: AttentionVariant) -> AttentionVariant:
         """``variant``, if this attention can serve it (log-n divides by log(train_len))."""
@@ -118,7 +119,8 @@ class Attention:
         """The backend for one pass: the requested one (flex where it can run), or for ``auto``:
         flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, eager for training
         on CPU in bf16 without attention dropout up to ``EAGER_AUTO_MAX_TRAIN_LEN`` tokens, where each
-        was measured faster than sdpa (docs/performance.md), else sdpa."""
+        was measured faster than sdpa (docs/performance.md), else sdpa. Encodings with layer terms: eager,
+        whatever was asked (one warning for sdpa or flex)."""
         if self.encoding.has_layer_terms:  # only eager computes through the layers' content terms
             if self.backend in ("sdpa", "flex"):
                 name = type(self.encoding).__name__
@@ -221,7 +223,7 @@ class Attention:
         q, k, v, state = self.positioned(q, k, v, plan, cache, state)
         q = self.scaled(q, k.shape[-2])
         if self.observer is not None:
-            self.observer(q, k)
+            self.observer(q, k, terms, state)
         if plan.backend == "flex" and not self.flex_broken:
             try:
                 return self.flex(q, k, v, plan)

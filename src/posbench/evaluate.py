@@ -224,7 +224,7 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir, st
         eval_mode=e.mode,
         seed=cfg.seed,
         params=model.num_params(),
-        encoding_params=sum(p.numel() for p in model.encoding.parameters()),
+        encoding_params=sum(p.numel() for p in model.encoding_parameters()),
         run_dir=str(run_dir),
         precision=model.precision,
     )

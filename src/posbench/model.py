@@ -45,7 +45,7 @@ class ModelConfig:
     attention: str = "auto"
     #: Compile the Transformer blocks with torch.compile (state-dict keys stay unchanged).
     compile: bool = False
-    #: Log-n attention scaling (``attention.logn_factors``): queries at positions past the training
+    #: Log-n attention scaling (``variant.logn_factors``): queries at positions past the training
     #: length scaled by log(n + 1) / log(train_len); training itself is unchanged.
     logn_scaling: bool = False
 
@@ -160,6 +160,11 @@ class LanguageModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def encoding_parameters(self) -> list[nn.Parameter]:
+        """The encoding's own parameters and those of every layer's content terms."""
+        terms = [block.attn.terms for block in self.blocks if block.attn.terms is not None]
+        return [*self.encoding.parameters(), *(p for t in terms for p in t.parameters())]
 
     def forward(self, idx: Tensor, positions: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """idx (B, T) token ids at ``positions`` (T,) or (B, T) -> final hidden states (B, T, D).

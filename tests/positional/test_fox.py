@@ -64,3 +64,4 @@ def test_gate_starts_at_the_references_initialisation(tiny_lm):
         "blocks.0.attn.terms.proj.bias",
         "blocks.0.attn.terms.proj.weight",
     ]
+    assert sum(p.numel() for p in lm.encoding_parameters()) == len(lm.blocks) * (32 + 1) * lm.cfg.n_heads

@@ -5,9 +5,10 @@ Protocol (``attention_stats``):
 * Lengths: train_len, 4 x and 16 x train_len; each is one window of the stream's first eval_len tokens.
   Lengths longer than the stream are dropped with one warning; lengths the encoding cannot serve are
   ``unsupported`` (one row, no layer or head).
-* One forward pass per length; ``Attention.observer`` hands every layer's rotated q and k to
-  ``head_stats``, which rebuilds that layer's attention weights p (the encoding's bias and the causal
-  mask included) one block of queries at a time, so no L x L matrix per head is ever held.
+* One forward pass per length; ``Attention.observer`` hands every layer's rotated q and k (and its content
+  terms with their state, where the encoding has them) to ``head_stats``, which rebuilds that layer's
+  attention weights p (the encoding's bias and the causal mask included, through the terms' logits and
+  weights) one block of queries at a time, so no L x L matrix per head is ever held.
 * Per layer and head: ``entropy`` = mean over queries of -sum_k p log p (nats); ``mean_distance`` =
   mean over queries of sum_k p (q - k); ``mass_beyond_train_len`` = mean over queries at positions
   >= train_len of the weight on keys more than train_len back (NaN where no query is that far in).
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 
 from ..attention import MASK_BUDGET
 from ..masks import causal_mask
-from ..positional import PositionEncoding
+from ..positional import LayerTerms, PositionEncoding
 from ..variant import AS_TRAINED, AttentionVariant
 from . import device_of, within_data
 
@@ -43,7 +44,8 @@ MULTIPLES = (1, 4, 16)
 
 @contextlib.contextmanager
 def observing(model: nn.Module, observer):
-    """Within the block, ``observer(q, k)`` sees every layer's rotated q and k."""
+    """Within the block, ``observer(q, k, terms, state)`` sees every layer's rotated q and k, and its content
+    terms and their state (``None`` without)."""
     model.attention.observer = observer
     try:
         yield
@@ -53,19 +55,30 @@ def observing(model: nn.Module, observer):
 
 @torch.no_grad()
 def head_stats(
-    encoding: PositionEncoding, q: Tensor, k: Tensor, train_len: int, variant: AttentionVariant = AS_TRAINED
+    encoding: PositionEncoding,
+    q: Tensor,
+    k: Tensor,
+    train_len: int,
+    variant: AttentionVariant = AS_TRAINED,
+    terms: LayerTerms | None = None,
+    state: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Entropy, mean distance and mass beyond train_len per head (each (H,), float64) of one sequence's
     attention, q and k (H, T, hd) already rotated (and scaled); see the module for the definitions.
-    ``variant``: the one the attention was evaluated in, whose keys it cut (masks.py)."""
+    ``variant``: the one the attention was evaluated in, whose keys it cut (masks.py). ``terms``: the layer's
+    content terms, with their ``state`` (1, H, T) of this sequence (``None``: softmax of scores and bias)."""
     heads, length, head_dim = q.shape
     pos = torch.arange(length, device=q.device)
-    per_block = max(1, MASK_BUDGET // (4 * heads * length))
+    terms = LayerTerms() if terms is None else terms  # its defaults: scores + bias, softmax
+    factor = encoding.logit_memory_factor if encoding.has_layer_terms else 1
+    per_block = max(1, int(MASK_BUDGET / factor) // (4 * heads * length))
     entropy, distance, beyond = (torch.zeros(heads, dtype=torch.float64, device=q.device) for _ in range(3))
     for s in range(0, length, per_block):
         e = min(length, s + per_block)  # queries s..e-1 see keys 0..e-1
-        scores = (q[:, s:e] @ k[:, :e].transpose(-2, -1)).float() * head_dim**-0.5
-        p = (scores + causal_mask(encoding, pos[s:e], pos[:e], variant)[0]).softmax(-1)  # (H, e - s, e)
+        scores = (q[None, :, s:e] @ k[None, :, :e].transpose(-2, -1)).float() * head_dim**-0.5  # (1, H, e - s, e)
+        mask = causal_mask(encoding, pos[s:e], pos[:e], variant)
+        logits = terms.logits(scores, mask, q[None, :, s:e], k[None, :, :e], state, pos[s:e], pos[:e])
+        p = terms.weights(logits)[0]  # (H, e - s, e)
         back = (pos[s:e, None] - pos[None, :e]).clamp(min=0)  # (e - s, e)
         entropy += torch.special.entr(p).sum((-1, -2)).double()
         distance += (p * back).sum((-1, -2)).double()
@@ -85,7 +98,12 @@ def stats_by_layer(model: nn.Module, window: Tensor, train_len: int) -> list[dic
     as the model's evaluation-time variant asks (``Attention.evaluated_as``)."""
     variant = model.attention.variant
     layers: list[dict[str, Tensor]] = []
-    with observing(model, lambda q, k: layers.append(head_stats(model.encoding, q[0], k[0], train_len, variant))):
+
+    def observe(q: Tensor, k: Tensor, terms: LayerTerms | None, state: Tensor | None) -> None:
+        state = None if state is None else state[:1]  # (1, H, T)
+        layers.append(head_stats(model.encoding, q[0], k[0], train_len, variant, terms, state))
+
+    with observing(model, observe):
         model(window[None].to(device_of(model)))
     return layers
 
