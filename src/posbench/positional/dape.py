@@ -7,9 +7,9 @@ pair, the attention scores and the static bias of every head and returns a corre
     logits = S + B + f([S, B]),   S = q·kᵀ/√d,   f: 2H -> width -> H with LeakyReLU,
 
 applied to each pair alone (the MLP mixes heads, never positions), so it is exact one block of queries at a
-time. posbench follows the authors' code (github.com/chuanyang-Zheng/DAPE, ``ParallelKerpleLog_C`` in
-``megatron/model/positional_embeddings.py``, the class their KERPLE runs use; ``ParallelKerpleLog_DAPE`` in DAPE.py
-is the same):
+time. posbench follows the authors' code (github.com/chuanyang-Zheng/DAPE: ``ParallelKerpleLog_C`` in
+``megatron/model/positional_embeddings.py``, which their ``pos-emb: kerple_c`` configuration runs, and
+``ParallelKerpleLog_DAPE`` in DAPE.py, the same computation):
 
 * S is the scaled score before the causal mask; the MLP's input puts the H scores first, then the H biases;
 * the residual form S + B + f([S, B]);
@@ -24,7 +24,7 @@ encoding (``alibi``, ``kerple_power``, ``fire``, ``t5``); the reference has DAPE
 
 Defaults: width 32, the value of every configuration in the reference (12 heads there, 24 inputs; at
 posbench's 8 heads 16 inputs, so 32 hidden units are still more than the inputs, as in the paper). The MLP
-adds about 3·H·width multiply-adds per (query, key) pair, three times the scores' H·head_dim at head_dim 32.
+adds 3·H·width multiply-adds per (query, key) pair: three times the scores' H·head_dim, at width = head_dim = 32.
 """
 
 from __future__ import annotations
