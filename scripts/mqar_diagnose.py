@@ -53,11 +53,16 @@ def main() -> None:
         logits = model.head(model(batch.x))
     asked = batch.answer.nonzero().flatten()  # the query keys' positions (their targets are the answers)
     hits = (logits[:, asked].argmax(-1) == batch.y[:, asked]).double()
-    print(f"{cfg.encoding.name}, {pairs} pairs, {queries} queries, distance {args.distance}: accuracy (whole "
-          f"answer) {hits.all(1).double().mean():.3f}")
+    print(
+        f"{cfg.encoding.name}, {pairs} pairs, {queries} queries, distance {args.distance}: accuracy (whole "
+        f"answer) {hits.all(1).double().mean():.3f}"
+    )
     print("  by query, in the order asked:", " ".join(f"{a:.2f}" for a in hits.mean(0).tolist()))
-    print("  excluding the values already asked would give (distinct values):", " ".join(
-        f"{1 / (pairs - i):.2f}" for i in range(queries)))
+    if not task.cfg.repeat_keys:
+        print(
+            "  excluding the values already asked would give (distinct values):",
+            " ".join(f"{1 / (pairs - i):.2f}" for i in range(queries)),
+        )
 
     x = batch.x.numpy()
     source_start = length + 1 - 2 * queries - args.distance - 2 * pairs

@@ -4,8 +4,9 @@ Source: ``pairs`` key-value pairs ``k1 v1 k2 v2 ...`` (keys distinct, from ``sym
 vocabulary of their own, as in Zoology). Query (the sequence's last tokens): ``queries`` of the keys, in a
 random order, each followed by its value, which is the answer. Distinct keys by default; with
 ``repeat_keys`` each query draws its key from all the pairs, so one may be asked again (and ``queries`` may
-exceed ``pairs``): excluding the values already given no longer predicts the next. ``distance`` is the filler between the last
-pair and the first query; a pair's own gap to its query adds its place in the two blocks.
+exceed ``pairs``): excluding the values already given no longer predicts the next. ``distance`` is the
+filler between the last pair and the first query; a pair's own gap to its query adds its place in the two
+blocks.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class Mqar(Task):
         if not 1 <= c.pairs <= c.symbols:
             raise ValueError(f"task.pairs={c.pairs} must be in [1, task.symbols={c.symbols}] (keys are distinct)")
         if c.queries < 1 or (c.queries > c.pairs and not c.repeat_keys):
-            raise ValueError(f"task.queries={c.queries} must be in [1, task.pairs={c.pairs}] (or task.repeat_keys=true)")
+            raise ValueError(
+                f"task.queries={c.queries} must be in [1, task.pairs={c.pairs}] (or task.repeat_keys=true)"
+            )
 
     def source_len(self) -> int:
         return 2 * self.cfg.pairs
