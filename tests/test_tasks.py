@@ -90,9 +90,24 @@ def test_mqar_asks_for_keys_whose_values_sit_before_the_gap(distance):
         pairs = row[source_end - 10 : source_end]
         values = dict(zip(pairs[::2], pairs[1::2]))
         assert len(values) == 5 and set(values) <= set(symbols)
+        assert set(values.values()) <= set(range(17 + 32, 17 + 64))  # values from a range of their own
         assert all(values[k] == v for k, v in zip(query[::2], query[1::2]))
         assert not any(t in symbols for t in row[: source_end - 10] + row[source_end:-6])  # filler between
     assert batch.answer.nonzero().flatten().tolist() == [length - 5, length - 3, length - 1]  # the asked values
+
+
+def test_mqar_with_repeat_keys_may_ask_a_key_again_and_more_often_than_there_are_pairs():
+    task = build_task({"name": "mqar", "pairs": 3, "queries": 8, "repeat_keys": True})
+    batch = draw(task, 40, 5, n=64)
+    asked_again = 0
+    for row in full(batch).tolist():
+        query, pairs = row[-16:], row[-16 - 5 - 6 : -16 - 5]
+        values = dict(zip(pairs[::2], pairs[1::2]))
+        assert len(values) == 3 and all(values[k] == v for k, v in zip(query[::2], query[1::2]))
+        asked_again += len(set(query[::2])) < 8
+    assert asked_again == 64  # 8 queries of 3 keys
+    with pytest.raises(ValueError, match="task.queries=8"):
+        build_task({"name": "mqar", "pairs": 3, "queries": 8})
 
 
 @pytest.mark.parametrize("distance", [0, 21])
