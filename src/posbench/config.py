@@ -58,7 +58,7 @@ class TrainConfig:
     loss_spike_ratio: float = 1.5
     #: ...or whose gradient norm (before clipping) exceeds this multiple of its running average.
     grad_spike_ratio: float = 5.0
-    #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; probes/copy.py).
+    #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; copyseq.py).
     copy_fraction: float = 0.0
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import save_checkpoint
 from .config import check_config, train_lengths_of, val_lens_of
+from .copyseq import with_copies
 from .costs import warn_randomized_positions
 from .data import Corpus, load_corpus
 from .errors import Interrupted, PosbenchError
@@ -40,7 +41,6 @@ from .io import write_csv
 from .logger import Logger, open_logger
 from .model import LanguageModel
 from .optim import make_optimizer, make_scheduler
-from .probes.copy import with_copies
 from .probes.suite import check_probe_data, run_probes
 from .resume import finished_run, restore, resume_source, resume_state, start_afresh
 from .runfolder import (
