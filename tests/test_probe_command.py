@@ -122,3 +122,10 @@ def test_train_runs_its_probes_at_the_end(tmp_path, posbench, mini_data):
     )
     assert done.returncode == 0, done.stderr
     assert set(read(tmp_path / COPY_CSV)["distance"]) == {0, 16, 32, 64, 128, 256, 512}
+
+
+def test_every_broken_probe_option_comes_back_at_once(tmp_path, posbench, assert_one_line):
+    """A missing checkpoint and three mistakes in probes=[...] and probe.*: one line names all four, exit 2."""
+    given = ["probes=[contxt]", "probe.trials=0", "probe.seed=-1"]
+    result = posbench("probe", f"checkpoint={tmp_path / 'missing'}", *given)
+    assert_one_line(result, "4 problems", "does not exist", "unknown probe 'contxt'", "probe.trials=0", "probe.seed=-1")

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..copyseq import copy_sequences, draw_spans
+from ..errors import raise_problems
 from . import device_of, within_data
 
 COLUMNS = [
@@ -63,12 +64,17 @@ class CopyProbeConfig:
     seed: int = 0
 
     def __post_init__(self):
+        raise_problems(self.problems())  # ProblemsFound, a ValueError: every broken rule at once
+
+    def problems(self) -> list[str]:
+        found = []
         if self.span < 2:
-            raise ValueError(f"probe.span={self.span} must be at least 2 (its tokens 2..span are scored)")
+            found.append(f"probe.span={self.span} must be at least 2 (its tokens 2..span are scored)")
         if self.trials < 1:
-            raise ValueError(f"probe.trials={self.trials} must be at least 1")
+            found.append(f"probe.trials={self.trials} must be at least 1")
         if self.distances is not None and (not self.distances or min(self.distances) < 0):
-            raise ValueError(f"probe.distances={list(self.distances)} must be non-negative integers")
+            found.append(f"probe.distances={list(self.distances)} must be non-negative integers")
+        return found
 
 
 def default_distances(train_len: int) -> list[int]:
