@@ -13,13 +13,16 @@
 #                       none: it has no positions to randomize, so that run would be the plain one again)
 #   lengths             alibi, rope, none, sinusoidal at train_len 64, 128 and 512 (seed 0; 256 is seed0's),
 #                       evaluated out to 32x, capped at 16,384, with tokens per step kept at 4 x 256
+#   learned_table       learned positions at seed 0 as in seed0 but with a table of 16 x train_len
+#                       (encoding.max_positions=4096; the rows past train_len are never trained), so that
+#                       generation can go past train_len as the source document's learned model did
 #   tasks0 tasks1 tasks2  the task track (docs/tasks.md) at that seed: every encoding on passkey, mqar and
 #                       copy (task=NAME brings its recipe), each run writing task_results.csv
 #   evals               on finished runs: sliding windows (stride $STRIDE, the first $SLIDING_TOKENS
 #                       test tokens), RoPE context extension
 #                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
 #                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
-#   generate            on finished seed runs: posbench generate, $PROMPTS test prompts continued to 16x
+#   generate            on finished seed and learned_table runs: posbench generate, $PROMPTS test prompts continued to 16x
 #                       train_len (samples.jsonl, generation.csv), skipped once done like the evals
 #   report              python -m posbench report on each stage folder, and on the whole study with paired
 #                       comparisons against $COMPARE (default alibi)
@@ -130,6 +133,9 @@ stage_runs() {  # the runs of stage $1, started with train()
                         $(at_length "$length")
                 done
             done ;;
+        learned_table)
+            train "encoding=learned,max_positions=4096,seed=0" experiment=study encoding=learned \
+                encoding.max_positions=4096 seed=0 "train.val_lens=$VAL_LENS" ;;
         tasks0 | tasks1 | tasks2)
             seed=${1#tasks}
             for task in passkey mqar copy; do
@@ -187,12 +193,14 @@ generate_once() {
 # a run still training has its best checkpoint.pt already, beside its last.pt
 finished() { [[ -e "$1/checkpoint.pt" && ! -e "$1/last.pt" ]]; }
 
-finished_seed_runs() {
+finished_runs() {  # those of the folders $@ that hold a finished run
     local run
-    for run in "$OUT"/seed[0-2]/*/; do
+    for run in "$@"; do
         if finished "$run"; then echo "${run%/}"; fi
     done
 }
+
+finished_seed_runs() { finished_runs "$OUT"/seed[0-2]/*/; }
 
 report() {
     local folder
@@ -224,8 +232,10 @@ run_stage() {
     stamp "stage $1 into $OUT/$group"
     if [[ "$group" == report || "$group" == archive ]]; then "$group"; stamp "stage $1 done"; return; fi
     RUNS=()
-    if [[ "$group" == evals || "$group" == generate ]]; then
+    if [[ "$group" == evals ]]; then
         mapfile -t RUNS < <(finished_seed_runs)
+    elif [[ "$group" == generate ]]; then
+        mapfile -t RUNS < <(finished_seed_runs; finished_runs "$OUT"/learned_table/*/)
     else
         stage_runs "$group"
     fi
@@ -243,7 +253,7 @@ run_stage() {
 }
 
 if [[ "${1:-}" == list ]]; then
-    for group in seed0 seed1 seed2 remedies lengths tasks0 tasks1 tasks2 quick; do
+    for group in seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 quick; do
         RUNS=()
         stage_runs "$group"
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done

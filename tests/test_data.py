@@ -338,21 +338,30 @@ def test_reproduce_tasks_train_every_encoding_on_each_task_at_the_seed(clone, tm
     assert not any("experiment=study" in c for c in commands)  # task=NAME brings its own recipe
 
 
-def test_reproduce_generate_samples_from_every_finished_seed_run_once(clone, tmp_path):
-    """The generate stage: one posbench generate per finished seed run (32 prompts), none on a run still
-    training or of another stage, and none again once it finished."""
+def test_reproduce_generate_samples_from_every_finished_seed_and_learned_table_run_once(clone, tmp_path):
+    """The generate stage: one posbench generate per finished seed or learned_table run (32 prompts), none on a
+    run still training or of another stage, and none again once it finished."""
+    table = "encoding=learned,max_positions=4096,seed=0"
     for stage, name, files in [
         ("seed0", "encoding=alibi,seed=0", ["checkpoint.pt"]),
         ("seed1", "encoding=rope,seed=1", ["checkpoint.pt", "last.pt"]),
         ("remedies", "encoding=none,lengths=random", ["checkpoint.pt"]),
+        ("learned_table", table, ["checkpoint.pt"]),
     ]:
         for file in files:
             (tmp_path / "out" / stage / name).mkdir(parents=True, exist_ok=True)
             (tmp_path / "out" / stage / name / file).write_text("")
-    [command] = reproduce(clone, tmp_path, "generate")
-    assert command[0] == "generate" and "generate.prompts=32" in command
-    assert [Path(v.strip("'")).name for v in values_of("checkpoint", [command])] == ["encoding=alibi,seed=0"]
+    commands = reproduce(clone, tmp_path, "generate")
+    assert all(c[0] == "generate" and "generate.prompts=32" in c for c in commands)
+    sampled = sorted(Path(v.strip("'")).name for v in values_of("checkpoint", commands))
+    assert sampled == ["encoding=alibi,seed=0", table]
     assert reproduce(clone, tmp_path, "generate") == []  # done: marked in the run's evals_done/
+
+
+def test_reproduce_learned_table_trains_learned_with_a_table_of_16x_train_len(clone, tmp_path):
+    [command] = reproduce(clone, tmp_path, "learned_table")
+    assert command[0] == "train" and "encoding.max_positions=4096" in command and "experiment=study" in command
+    assert "train.val_lens=[256,1024,4096]" in command and values_of("encoding", [command]) == ["learned"]
 
 
 def test_reproduce_evals_resume_at_the_evaluation_a_killed_stage_was_in(clone, tmp_path):

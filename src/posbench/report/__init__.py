@@ -6,8 +6,9 @@ as PNG and SVG; where runs have probe CSVs, probes.csv (derived numbers per run)
 summary.md and their figures; with ``compare=ENCODING``, compare.csv (paired differences in NLL against that
 encoding, with bootstrap CIs) and its tables in summary.md; a ``Selection`` (``variants=``, ``modes=``)
 keeps some evaluations only, in every file. Task runs (task_results.csv) add task_results.csv, task_summary.csv,
-their tables in summary.md and task_<name> figures (``tasks``). ``collect`` reads, ``tables``, ``probes`` and
-``compare`` compute, ``figures`` and ``probe_figures`` draw.
+their tables in summary.md and task_<name> figures (``tasks``); the generation.csv of ``posbench generate`` adds
+generation_summary.csv, its tables and the figure ``generation`` (``generation``). ``collect`` reads, ``tables``,
+``probes`` and ``compare`` compute, ``figures`` and ``probe_figures`` draw.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..runfolder import BUILDING_PREFIX, LOCK_FILE, PER_ARTICLE, PROBE_IDENTITY,
 from .collect import KEEP_ALL, Runs, Selection, collect_results, collect_runs
 from .compare import compare_markdown, compare_runs
 from .figures import draw_figures, encoding_colours
+from .generation import collect_generation, draw_generation_figure, generation_markdown, generation_summary
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
 from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
@@ -47,10 +49,11 @@ def report(root: Path, compare: str | None = None, selection: Selection = KEEP_A
     check_own(out)
     remove_abandoned_builds(root)
     tasks, tasks_left_out = collect_tasks(root)
+    generated, generation_left_out = collect_generation(root)
     runs = collect_runs(root, selection, required=tasks.empty)
-    left_out = {**tasks_left_out, **runs.left_out}
+    left_out = {**tasks_left_out, **generation_left_out, **runs.left_out}
     with replacing(out) as building:
-        sections = task_files(tasks, building)
+        sections = generation_files(generated, building) + task_files(tasks, building)
         if runs.reported:
             text_files(root, runs, compare, building, sections, left_out)
         else:  # task runs alone
@@ -81,6 +84,17 @@ def text_files(root: Path, runs: Runs, compare: str | None, building: Path, sect
     write_text(markdown, building / "summary.md")
     draw_figures(runs, shown, shown_summary, splits(results)[0], building)
     draw_probe_figures(runs, encoding_colours(results["encoding"]), building, results)
+
+
+def generation_files(generated, building: Path) -> list[str]:
+    """generation_summary.csv (each measure by line and window, over samples), the figure ``generation``;
+    returns summary.md's generation sections."""
+    if generated.empty:
+        return []
+    summary = generation_summary(generated)
+    write_csv(summary, building / "generation_summary.csv")
+    draw_generation_figure(summary, encoding_colours(generated["encoding"]), building)
+    return generation_markdown(generated)
 
 
 def task_files(tasks, building: Path) -> list[str]:

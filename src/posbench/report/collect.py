@@ -5,29 +5,24 @@ before training ended, a symbolic link (not followed) are listed as left out, ea
 folder may hold rows of several runs (``posbench eval`` of several runs into one folder): each is a ``Run``.
 Runs of one line that differ in a config key that changes results (``CONFIG_IGNORED`` aside) are told
 apart by a ``config`` label naming the keys; only seeds are averaged.
+
+This module finds the run folders and splits them into runs; the rest it takes from, and re-exports:
+``runs`` (``Run``, ``Runs``), ``selection`` (``Selection``), ``csvs`` (``RUN_CSVS``, ``read_table``: the
+usable rows of one CSV) and ``config_label`` (``told_apart``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from ..config import EVAL_MODES
 from ..errors import PosbenchError
-from ..evaluate import variant_parts
-from ..resume import flatten
 from ..runfolder import (
-    ATTENTION_CSV,
-    BIAS_CSV,
     BUILDING_PREFIX,
     CHECKPOINT,
-    CONTEXT_CSV,
-    COPY_CSV,
     ERROR_FILE,
     HYDRA_DIR,
     MEASUREMENT_KEYS,
@@ -40,154 +35,29 @@ from ..runfolder import (
     TASK_RESULTS,
     TRAIN_LOG,
     find,
-    read_csv,
-    run_configs,
     unfinished_reason,
 )
+from .config_label import CONFIG_IGNORED, result_changing, told_apart, trained_line
+from .csvs import RUN_CSVS, read_table, row_faults
+from .runs import RUN_IDENTITY, Run, Runs, lengths_text
+from .selection import KEEP_ALL, Selection
+
+# fmt: off
+__all__ = [
+    "collect_runs", "collect_results", "run_folders", "symbolic_links", "is_report", "why_skipped", "read_runs",
+    "measured_when_finished", "split_by_run", "deduplicated", "RUN_MARKERS", "REQUIRED_COLUMNS",
+    # re-exported
+    "Run", "Runs", "RUN_IDENTITY", "lengths_text", "Selection", "KEEP_ALL", "RUN_CSVS", "read_table", "row_faults",
+    "CONFIG_IGNORED", "told_apart", "result_changing", "trained_line",
+]
+# fmt: on
 
 log = logging.getLogger(__name__)
 
 #: Files that make a folder a run folder: Hydra's record of the run, or what a run writes.
 RUN_MARKERS = (HYDRA_DIR, RESULTS, f"{RESULTS}.gz", TASK_RESULTS, RESUME_CHECKPOINT, CHECKPOINT, ERROR_FILE)
-#: Config keys that change no number of a run, or that a line already names (its seeds are averaged).
-CONFIG_IGNORED = (
-    *("seed", "debug", "device", "threads", "logger", "precision", "probes", "probe", "eval", "train.resume"),
-    *("train.checkpoint_every", "encoding.name", "train_len", "train.lengths", "train.length_order"),
-    "encoding.randomized_positions",
-)
 #: Columns the report cannot do without.
 REQUIRED_COLUMNS = ("encoding", "train_len", "eval_len", "split", "ppl", "status", "run_dir")
-#: The CSVs read from each run folder, with the columns whose values must be numbers. A run folder
-#: without a usable results.csv is left out whole; its other CSVs are optional.
-RUN_CSVS = {
-    RESULTS: (
-        "train_len",
-        "eval_len",
-        "stride",
-        "tokens",
-        "nll",
-        "ppl",
-        "ppl_beyond",
-        "unigram_ppl",
-        "seed",
-        "params",
-        "encoding_params",
-        "stopped_step",
-        "best_step",
-    ),
-    PER_POSITION: ("train_len", "seed", "stride", "eval_len", "position", "nll", "count"),
-    PER_ARTICLE: ("train_len", "seed", "stride", "eval_len", "article", "tokens", "nll_sum"),
-    TRAIN_LOG: ("tokens", "valid_loss"),
-    CONTEXT_CSV: ("train_len", "seed", "context", "targets", "nll", "nll_se", "ppl"),
-    COPY_CSV: ("train_len", "seed", "distance", "trials", "nll_copy", "nll_baseline", "gain", "accuracy"),
-    ATTENTION_CSV: ("train_len", "seed", "eval_len", "layer", "head", "entropy", "mean_distance"),
-    BIAS_CSV: ("train_len", "seed", "head", "distance", "bias"),
-    TASK_RESULTS: (
-        *("train_len", "seed", "eval_len", "distance", "trials", "accuracy", "token_accuracy", "nll"),
-        *("valid_accuracy", "learned_step", "best_step", "stopped_step"),
-    ),
-}
-
-
-#: A run's own columns that tell two runs' lines apart; a file without them gets the run's (``Runs.rows``).
-RUN_IDENTITY = ("precision", "train_lengths", "config")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run's rows in one folder, by file name (results.csv always among them), each holding its usable rows;
-    ``config``: the config keys that set it apart from the other runs of its line ("" for most)."""
-
-    folder: Path
-    tables: dict[str, pd.DataFrame]
-    run_id: str = ""
-    config: str = ""
-
-    @property
-    def precision(self) -> str:
-        """The precision the run was evaluated in ("" where results.csv does not say, or says several)."""
-        values = self.tables[RESULTS].get("precision", pd.Series(dtype=object)).dropna().unique()
-        return str(values[0]) if len(values) == 1 else ""
-
-    @property
-    def train_lengths(self) -> str:
-        """The lengths the run trained at, ``64|128|256`` (its train_len where results.csv does not say)."""
-        results = self.tables[RESULTS]
-        said = results.get("train_lengths", pd.Series(dtype=object)).dropna()
-        return lengths_text(said.iloc[0] if len(said) else results["train_len"].iloc[0])
-
-
-def lengths_text(value) -> str:
-    """A ``train_lengths`` value as written: one length that CSV reading made a number (256.0) is ``256``."""
-    return str(int(value)) if isinstance(value, (int, float, np.number)) else str(value)
-
-
-@dataclass(frozen=True)
-class Runs:
-    """What ``collect_runs`` found: the runs it reports and, per run folder, what it left out and why."""
-
-    reported: list[Run]
-    left_out: dict[Path, str]
-
-    def rows(self, name: str) -> pd.DataFrame:
-        """The rows of every reported run's ``name`` CSV, in run order (no columns where no run has one)."""
-        frames = [  # probe and per-position files: the run's precision and training lengths
-            table.assign(**{column: getattr(run, column) for column in RUN_IDENTITY if column not in table})
-            for run in self.reported
-            if name in run.tables
-            for table in [run.tables[name]]
-        ]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which evaluations a report keeps (``report DIR variants=... modes=...``); None keeps every one.
-
-    ``variants``: the evaluation-time variants kept beside the models as trained (``window256``; a
-    variant's training part, ``randpos8192``, is how a model was trained and always kept). ``modes``:
-    the eval modes kept (``nonoverlapping``, ``sliding``).
-    """
-
-    variants: tuple[str, ...] | None = None
-    modes: tuple[str, ...] | None = None
-
-    def __post_init__(self):
-        unknown = sorted(set(self.modes or ()) - set(EVAL_MODES))
-        if unknown:
-            raise PosbenchError(f"modes={','.join(unknown)}: no such eval mode; the modes are {', '.join(EVAL_MODES)}")
-
-    def __str__(self) -> str:
-        chosen = (("variants", self.variants), ("modes", self.modes))
-        return " ".join(f"{key}={','.join(value)}" for key, value in chosen if value is not None)
-
-    def keep(self, table: pd.DataFrame) -> pd.Series:
-        """The rows of a run's CSV that this selection keeps (every row of a table without the columns)."""
-        kept = pd.Series(True, index=table.index)
-        if self.variants is not None and "variant" in table:
-            at_evaluation = table["variant"].astype("string").fillna("").map(lambda v: variant_parts(v)[1])
-            kept &= (at_evaluation == "") | at_evaluation.isin(self.variants)
-        if self.modes is not None and "eval_mode" in table:
-            kept &= table["eval_mode"].isin(self.modes)
-        return kept
-
-    def apply(self, run: Run) -> Run | None:
-        """``run`` with the rows this selection keeps; None where none of its results.csv rows is kept."""
-        tables = {name: table[self.keep(table)].reset_index(drop=True) for name, table in run.tables.items()}
-        return replace(run, tables=tables) if len(tables[RESULTS]) else None
-
-    def check_found(self, runs: list[Run]) -> None:
-        """Every variant named was measured somewhere: a misspelt one fails instead of leaving an empty line."""
-        variants = (run.tables[RESULTS].get("variant", pd.Series(dtype=object)).dropna() for run in runs)
-        found = {variant_parts(str(v))[1] for column in variants for v in column}
-        missing = sorted(set(self.variants or ()) - found)
-        if missing:
-            there = ", ".join(sorted(found - {""})) or "none"
-            raise PosbenchError(f"variants={','.join(missing)}: no run has it; the runs' variants: {there}")
-
-
-#: The selection of a report without ``variants=`` or ``modes=``: every evaluation.
-KEEP_ALL = Selection()
 
 
 def collect_runs(root: Path, selection: Selection = KEEP_ALL, required: bool = True) -> Runs:
@@ -322,71 +192,3 @@ def deduplicated(table: pd.DataFrame, name: str) -> pd.DataFrame:
         return table.reset_index(drop=True)
     keys = [c for c in [*RUN_KEYS, *MEASUREMENT_KEYS[name]] if c in table]
     return table[~table[keys].astype("string").duplicated(keep="last")].reset_index(drop=True)
-
-
-def told_apart(runs: list[Run]) -> list[Run]:
-    """``runs`` with their ``config`` label: the keys in which a run's config differs from the others of its
-    line (seeds aside); "" where they agree, or a config is not known."""
-    configs, by_folder = {}, {}
-    for run in runs:
-        if run.folder not in by_folder:  # a folder may hold several runs: its configs are read once
-            by_folder[run.folder] = run_configs(run.folder)
-        saved = by_folder[run.folder].get(run.run_id)
-        configs[id(run)] = result_changing(saved) if isinstance(saved, dict) else None
-    lines: dict[tuple, list[Run]] = {}
-    for run in runs:
-        lines.setdefault(trained_line(run), []).append(run)
-    labelled = {}
-    for members in lines.values():
-        known = [configs[id(run)] for run in members if configs[id(run)] is not None]
-        differing = sorted(k for k in set().union(*known) if len({str(c.get(k)) for c in known}) > 1) if known else []
-        for run in members:
-            config = configs[id(run)]
-            text = ",".join(f"{k}={config.get(k)}" for k in differing) if config is not None else ""
-            labelled[id(run)] = replace(run, config=text)
-    return [labelled[id(run)] for run in runs]
-
-
-def result_changing(config: dict) -> dict:
-    """A run's config flattened, without the keys of CONFIG_IGNORED."""
-    flat = flatten(config)
-    return {k: v for k, v in flat.items() if not any(k == i or k.startswith(f"{i}.") for i in CONFIG_IGNORED)}
-
-
-def trained_line(run: Run) -> tuple:
-    """What a line names of how a run was trained: its encoding, training variant, train_len, precision, lengths."""
-    first = run.tables[RESULTS].iloc[0]
-    trained = variant_parts(str(first.get("variant", "") if pd.notna(first.get("variant", "")) else ""))[0]
-    return (first["encoding"], trained, first["train_len"], run.precision, run.train_lengths)
-
-
-def read_table(path: Path, name: str) -> tuple[pd.DataFrame | None, str]:
-    """The usable rows of the CSV ``name`` at ``path`` (None when it cannot be read) and what was left out, and why."""
-    try:
-        table = read_csv(path) if name in MEASUREMENT_KEYS else pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, EOFError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return None, f"unreadable {path.name}: {first_line}"
-    faults = row_faults(table, RUN_CSVS[name])
-    bad = faults != ""
-    if not bad.any():
-        return table, ""
-    reasons = ", ".join(f"{count} {fault}" for fault, count in faults[bad].value_counts(sort=False).items())
-    usable = table[~bad].reset_index(drop=True)
-    for column in RUN_CSVS[name]:
-        if column in usable and not pd.api.types.is_numeric_dtype(usable[column]):
-            usable[column] = pd.to_numeric(usable[column])  # the text column of numbers its faults made
-    return usable, f"{path.name}: {bad.sum()} of {len(table)} rows left out ({reasons})"
-
-
-def row_faults(table: pd.DataFrame, numeric: tuple[str, ...]) -> pd.Series:
-    """Why each row cannot be used, "" where it can: a value that is not a number in one of the ``numeric``
-    columns or, in results.csv, a measured (status ok) perplexity that is NaN or infinite."""
-    faults = pd.Series("", index=table.index)
-    for column in (c for c in numeric if c in table):
-        parsed = pd.to_numeric(table[column], errors="coerce")
-        faults[(faults == "") & parsed.isna() & table[column].notna()] = f"unparsable {column}"
-    if {"ppl", "status"} <= set(table.columns):
-        ppl = pd.to_numeric(table["ppl"], errors="coerce")
-        faults[(faults == "") & (table["status"] == "ok") & ~np.isfinite(ppl)] = "non-finite ppl"
-    return faults
