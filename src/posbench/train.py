@@ -1,4 +1,5 @@
-"""``posbench train``: train one LM, keep the best checkpoint, write perplexity at every eval length.
+"""Training one LM: keep the best checkpoint, write perplexity at every eval length (``train``; the command
+``posbench train`` is commands/train.py).
 
 ``train_loop`` is the loop, in named steps: ``training_batch`` (at this step's length),
 ``train_step`` (one optimizer step on the global batch), ``validate`` (rank 0 measures and keeps the

@@ -1,4 +1,4 @@
-"""``posbench bench``: training and evaluation speed and memory of every encoding x attention backend (``bench.py``
+"""``posbench bench``: training and evaluation speed and memory of every encoding x attention backend (``bench/``
 measures; bench.csv and bench.md in the run folder). Random tokens, so it needs no data."""
 
 from __future__ import annotations
