@@ -269,7 +269,7 @@ def test_eval_on_an_interrupted_run_neither_finishes_it_nor_writes_while_it_is_l
     with lock_run_dir(tmp_path), pytest.raises(PosbenchError, match="another posbench process"):
         evaluate_checkpoint(command, keys, tmp_path)
     evaluate_checkpoint(command, keys, tmp_path)  # a complete results.csv beside last.pt
-    caplog.set_level(logging.INFO, logger="posbench.train")
+    caplog.set_level(logging.INFO, logger="posbench")
     train(small_config(), tmp_path)
     assert "resumed from" in caplog.text and "already holds this run" not in caplog.text
     assert not (tmp_path / RESUME_CHECKPOINT).exists()
@@ -279,7 +279,7 @@ def test_a_valid_split_shorter_than_one_window_is_said(small_config, caplog):
     """train_len 32: 16 validation tokens (15 targets) are one shorter window; 33 tokens fill one window.
     Under torchrun only rank 0, which validates, says it. (The train split's rule, from the same check:
     tests/test_train_lengths.py.)"""
-    caplog.set_level(logging.WARNING, logger="posbench.train")
+    caplog.set_level(logging.WARNING, logger="posbench.training_run")
     corpus = SimpleNamespace(splits={"train": torch.zeros(1000), "valid": torch.zeros(100)})
     check_splits(corpus, small_config("train.val_tokens=16"))
     assert [r.getMessage() for r in caplog.records] == [
