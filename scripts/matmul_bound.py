@@ -16,7 +16,8 @@ import argparse
 
 import torch
 
-from posbench.bench import DTYPES, BenchConfig, matmul_peak_flops, median_seconds
+from posbench.bench import BenchConfig
+from posbench.bench.timing import DTYPES, matmul_peak_flops, median_seconds
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--repeats", type=int, default=5)

@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from posbench.checkpoint import CHECKPOINT, save_checkpoint
-from posbench.config import CONFIG_DIR, register_configs
+from posbench.commands import train as train_command
+from posbench.config import CONFIG_DIR
 from posbench.data import load_corpus, shipped_folder
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS
@@ -32,7 +33,7 @@ def mini_data() -> Path:
 @pytest.fixture
 def compose_config():
     """compose_config("train", ["encoding=rope", ...]) -> the composed DictConfig."""
-    register_configs()
+    train_command.register()
 
     def _compose(config_name: str = "train", overrides: list[str] | None = None):
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):

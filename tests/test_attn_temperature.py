@@ -10,10 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench.attention import Attention
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
 from posbench.positional import build_encoding
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.variant import AttentionVariant
 
 TAU = 1.7
@@ -72,12 +72,11 @@ def test_posbench_eval_on_a_finished_run_writes_temperature_and_blockwise_rows(t
 
 @pytest.mark.parametrize("tau", ["0", "-1.5"])
 def test_a_temperature_at_or_below_zero_is_one_line(tau, compose_config):
-    from posbench.cli import validate_overrides
-    from posbench.config import check_config
+    from posbench.commands.launch import validate_overrides
     from posbench.errors import PosbenchError
 
     with pytest.raises(PosbenchError, match=f"eval.attn_temperature must be a positive number or null, got {tau}"):
-        validate_overrides("train", ["experiment=smoke", f"eval.attn_temperature={tau}"], False, check_config)
+        validate_overrides("train", ["experiment=smoke", f"eval.attn_temperature={tau}"], False)
 
 
 @pytest.mark.slow

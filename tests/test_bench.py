@@ -8,7 +8,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from posbench import bench as bench_module
-from posbench.bench import COLUMNS, bench, check_bench, flops_per_token, register_bench_config
+from posbench.bench import COLUMNS, bench, flops_per_token
+from posbench.commands.bench import check as check_bench
+from posbench.commands.bench import register as register_bench_config
 from posbench.config import CONFIG_DIR
 from posbench.errors import PosbenchError
 from posbench.model import ModelConfig

@@ -72,9 +72,8 @@ def test_a_window_inside_blocks_sees_the_keys_both_allow():
 
 
 def test_blocks_of_no_keys_are_one_line():
-    from posbench.cli import validate_overrides
-    from posbench.config import check_config
+    from posbench.commands.launch import validate_overrides
     from posbench.errors import PosbenchError
 
     with pytest.raises(PosbenchError, match="eval.blockwise must be a positive number of keys or null, got 0"):
-        validate_overrides("train", ["experiment=smoke", "eval.blockwise=0"], False, check_config)
+        validate_overrides("train", ["experiment=smoke", "eval.blockwise=0"], False)

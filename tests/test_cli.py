@@ -3,7 +3,9 @@
 import pandas as pd
 import pytest
 
-from posbench.cli import main, report_options, validate_overrides
+from posbench.cli import main
+from posbench.commands.launch import validate_overrides
+from posbench.commands.report import report_options
 from posbench.errors import PosbenchError
 from posbench.report import Selection
 
@@ -128,10 +130,10 @@ def test_report_on_an_empty_folder_is_one_line(tmp_path, posbench):
 )
 def test_an_unquoted_path_names_its_key_and_says_to_quote_it(override, multirun, fragment):
     with pytest.raises(PosbenchError) as e:
-        validate_overrides("train", [override], multirun, None)
+        validate_overrides("train", [override], multirun)
     assert str(e.value).startswith(fragment) and "quote" in str(e.value) and "\n" not in str(e.value)
     quoted = f"{override.split('=')[0]}='{override.split('=', 1)[1]}'"
-    validate_overrides("train", [quoted], multirun, None)  # what the line says to do works
+    validate_overrides("train", [quoted], multirun)  # what the line says to do works
 
 
 @pytest.mark.slow
@@ -161,19 +163,16 @@ def test_three_independent_mistakes_come_back_in_one_run(posbench, assert_one_li
 
 def test_every_command_check_collects(tmp_path):
     """eval, probe, generate and bench report every problem of their config at once, as train does."""
-    from posbench.bench import check_bench, register_bench_config
-    from posbench.generate import check_generate_command, register_generate
-    from posbench.probe import check_probe_command, register_probe
-    from posbench.reevaluate import check_command, register
+    from posbench.commands import command
 
-    register(), register_probe(), register_generate(), register_bench_config()
     missing = f"checkpoint={tmp_path / 'none'}"
     commands = {
-        "eval": (check_command, [missing, "eval.mode=wrong"]),
-        "probe": (check_probe_command, [missing, "eval.mode=wrong", "probes=[]"]),
-        "generate": (check_generate_command, [missing, "eval.mode=wrong", "generate.top_p=0"]),
-        "bench": (check_bench, ["model.n_heads=0", "train_steps=-1", "precisions=[fp64]"]),
+        "eval": [missing, "eval.mode=wrong"],
+        "probe": [missing, "eval.mode=wrong", "probes=[]"],
+        "generate": [missing, "eval.mode=wrong", "generate.top_p=0"],
+        "bench": ["model.n_heads=0", "train_steps=-1", "precisions=[fp64]"],
     }
-    for name, (check, overrides) in commands.items():
+    for name, overrides in commands.items():
+        command(name).register()
         with pytest.raises(PosbenchError, match=rf"^{len(overrides)} problems: \(1\) .*\({len(overrides)}\) "):
-            validate_overrides(name, overrides, False, check)
+            validate_overrides(name, overrides, False)

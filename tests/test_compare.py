@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from posbench.cli import main
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
 from posbench.evaluate import variant_of
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.report import REPORT_DIR, report
 from posbench.report.compare import REPLICATES, compare_encodings
 from posbench.runfolder import PER_ARTICLE, PER_ARTICLE_COLUMNS, RESULT_COLUMNS

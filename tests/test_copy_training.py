@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from posbench.probes.copy import CopyProbeConfig, draw_spans, with_copies
+from posbench.copyseq import draw_spans, with_copies
+from posbench.probes.copy import CopyProbeConfig
 
 VOCAB, B, T = 1000, 8, 40
 

@@ -11,9 +11,9 @@ import pytest
 
 from posbench import train as train_module
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.config import check_config
 from posbench.errors import PosbenchError
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.report.collect import Run
 from posbench.report.tables import training_curves
 from posbench.runfolder import RESULTS, TRAIN_LOG

@@ -12,13 +12,14 @@ from torch import nn
 
 from posbench.attention import Attention
 from posbench.backends import eager_attention
+from posbench.commands.eval import schema as eval_schema
 from posbench.config import Config, EvalConfig
 from posbench.errors import PosbenchError
 from posbench.evaluate import variant_of, variant_parts
 from posbench.masks import causal_mask
 from posbench.model import LanguageModel, ModelConfig
 from posbench.positional import ENCODINGS, EncodingConfig, PositionEncoding, build_encoding, rotate_pairs
-from posbench.reevaluate import eval_schema, run_config
+from posbench.saved_run import run_config
 
 TINY = ModelConfig(name="tiny", n_layers=2, d_model=32, n_heads=4, d_ff=64, dropout=0.0, attention="sdpa")
 

@@ -18,8 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from posbench.cli import validate_overrides
-from posbench.config import check_config
+from posbench.commands.launch import validate_overrides
 from posbench.data import DataConfig, build_corpus, load_corpus
 from posbench.errors import PosbenchError, ReaderlessStream, describe, one_line_errors
 from posbench.evaluate import evaluate_lengths
@@ -33,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def config_error(*overrides: str, multirun: bool = False) -> str:
     with pytest.raises(PosbenchError) as e:
-        validate_overrides("train", list(overrides), multirun, check_config)
+        validate_overrides("train", list(overrides), multirun)
     message = str(e.value)
     assert "\n" not in message
     return message

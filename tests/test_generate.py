@@ -10,19 +10,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from posbench.commands.generate import generate_checkpoint
+from posbench.commands.generate import register as register_generate
 from posbench.errors import PosbenchError
-from posbench.generate import (
-    GENERATION,
-    SAMPLES,
-    check_generate,
-    degeneration_onset,
-    generate_checkpoint,
-    pick,
-    register_generate,
-    repeated_ngrams,
-    window_rows,
-)
+from posbench.generate import check_generate, degeneration_onset, pick, repeated_ngrams, window_rows
 from posbench.positional import ENCODINGS
+from posbench.runfolder import GENERATION, SAMPLES
 
 SMALL = ["generate.prompts=3", "generate.prompt_len=8", "generate.max_len=72", "generate.window=16"]
 

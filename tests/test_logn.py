@@ -45,7 +45,7 @@ def test_posbench_eval_with_logn_scaling_on_a_run_trained_without_it(tmp_path, s
     rows, the same numbers at train_len (no query past it) and others at 2x."""
     import pandas as pd
 
-    from posbench.reevaluate import evaluate_checkpoint, register
+    from posbench.commands.eval import evaluate_checkpoint, register
 
     run = saved_run(tmp_path / "run", encoding="rope")
     register()

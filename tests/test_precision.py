@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from posbench import runtime
 from posbench.backends import sdpa_attention
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.config import check_config
 from posbench.data import load_corpus
 from posbench.errors import PosbenchError
@@ -19,7 +20,6 @@ from posbench.masks import causal_mask
 from posbench.model import LanguageModel, ModelConfig
 from posbench.optim import make_optimizer
 from posbench.positional import ENCODINGS, build_encoding
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.resume import config_differences
 from posbench.train import sample_batch, train
 

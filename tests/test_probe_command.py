@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 
 from posbench.checkpoint import CHECKPOINT
+from posbench.commands import probe as probe_command
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
-from posbench.probe import check_probe_command, probe_checkpoint, register_probe
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
 from posbench.runfolder import PROBE_IDENTITY as IDENTITY
 
@@ -16,12 +16,12 @@ SMALL = ["eval.max_tokens=2048", "eval.splits=[test]", "probe.targets=64", "prob
 @pytest.fixture
 def probe(compose_config):
     """probe(run, overrides) as `posbench probe checkpoint=run SMALL overrides...` would, writing into run."""
-    register_probe()
+    probe_command.register()
 
     def _probe(run, overrides, out=None):
         command = compose_config("probe", [f"checkpoint={run}", *SMALL, *overrides])
         keys = ["checkpoint", *(o.split("=")[0] for o in SMALL + overrides)]
-        probe_checkpoint(command, keys, out or run)
+        probe_command.probe_checkpoint(command, keys, out or run)
 
     return _probe
 
@@ -96,14 +96,14 @@ def test_probes_write_elsewhere_when_told(tmp_path, saved_run, probe):
 
 
 def test_unknown_probe_and_bad_options_are_refused_naming_the_key(tmp_path, saved_run, compose_config):
-    register_probe()
+    probe_command.register()
     run = saved_run(tmp_path / "run")
     with pytest.raises(PosbenchError, match="unknown probe 'contxt'.*probes: context, window, copy, attention"):
-        check_probe_command(compose_config("probe", [f"checkpoint={run}", "probes=[contxt]"]))
+        probe_command.check(compose_config("probe", [f"checkpoint={run}", "probes=[contxt]"]))
     with pytest.raises(PosbenchError, match="probe.trials=0 must be at least 1"):
-        check_probe_command(compose_config("probe", [f"checkpoint={run}", "probe.trials=0"]))
+        probe_command.check(compose_config("probe", [f"checkpoint={run}", "probe.trials=0"]))
     with pytest.raises(PosbenchError, match=r"probes=\[\] names no probe for posbench probe to run"):
-        check_probe_command(compose_config("probe", [f"checkpoint={run}", "probes=[]"]))
+        probe_command.check(compose_config("probe", [f"checkpoint={run}", "probes=[]"]))
 
 
 @pytest.mark.slow
@@ -122,3 +122,10 @@ def test_train_runs_its_probes_at_the_end(tmp_path, posbench, mini_data):
     )
     assert done.returncode == 0, done.stderr
     assert set(read(tmp_path / COPY_CSV)["distance"]) == {0, 16, 32, 64, 128, 256, 512}
+
+
+def test_every_broken_probe_option_comes_back_at_once(tmp_path, posbench, assert_one_line):
+    """A missing checkpoint and three mistakes in probes=[...] and probe.*: one line names all four, exit 2."""
+    given = ["probes=[contxt]", "probe.trials=0", "probe.seed=-1"]
+    result = posbench("probe", f"checkpoint={tmp_path / 'missing'}", *given)
+    assert_one_line(result, "4 problems", "does not exist", "unknown probe 'contxt'", "probe.trials=0", "probe.seed=-1")

@@ -4,8 +4,8 @@ import pandas as pd
 import pytest
 
 from posbench.checkpoint import CHECKPOINT
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
-from posbench.reevaluate import evaluate_checkpoint, register
 
 
 @pytest.fixture
@@ -76,15 +76,15 @@ def test_eval_command_end_to_end(run, tmp_path, posbench):
 
 
 def test_missing_checkpoint_is_one_line(tmp_path, compose_config):
-    from posbench.reevaluate import check_command
+    from posbench.commands.eval import check
 
     register()
     with pytest.raises(PosbenchError, match="does not exist"):
-        check_command(compose_config("eval", [f"checkpoint={tmp_path / 'missing'}"]))
+        check(compose_config("eval", [f"checkpoint={tmp_path / 'missing'}"]))
     with pytest.raises(PosbenchError, match="eval needs checkpoint=PATH"):
-        check_command(compose_config("eval", []))
+        check(compose_config("eval", []))
     with pytest.raises(PosbenchError, match=f"checkpoint={tmp_path}: the folder holds no {CHECKPOINT}"):
-        check_command(compose_config("eval", [f"checkpoint={tmp_path}"]))
+        check(compose_config("eval", [f"checkpoint={tmp_path}"]))
 
 
 def test_a_length_given_twice_is_refused(run, evaluate):

@@ -8,8 +8,9 @@ import yaml
 from omegaconf import OmegaConf
 
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, save_checkpoint
-from posbench.config import CONFIG_DIR, eval_lens_of
+from posbench.config import CONFIG_DIR
 from posbench.errors import PosbenchError
+from posbench.lengths import eval_lens_of
 from posbench.resume import RESUME_IGNORED, config_differences, finished_run, flatten, resume_source, start_afresh
 
 

@@ -11,11 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from posbench import attention as attention_mod
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.config import EvalConfig
 from posbench.evaluate import variant_of
 from posbench.masks import causal_mask, reaching, reaching_block_mask
 from posbench.positional import build_encoding
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.variant import AttentionVariant
 
 SEQ = 40
@@ -79,12 +79,11 @@ def test_variant_names_the_sinks():
     "overrides", [["eval.sink=4"], ["eval.window=8", "eval.sink=-1"]], ids=["without a window", "negative"]
 )
 def test_sinks_without_a_window_or_below_zero_are_one_line(overrides):
-    from posbench.cli import validate_overrides
-    from posbench.config import check_config
+    from posbench.commands.launch import validate_overrides
     from posbench.errors import PosbenchError
 
     with pytest.raises(PosbenchError, match="eval.sink keeps the first keys visible beside eval.window"):
-        validate_overrides("train", ["experiment=smoke", *overrides], False, check_config)
+        validate_overrides("train", ["experiment=smoke", *overrides], False)
 
 
 def test_posbench_eval_on_a_finished_run_writes_sink_rows(tmp_path, saved_run, compose_config):

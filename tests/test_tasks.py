@@ -15,11 +15,11 @@ from torch import nn
 
 from posbench import train as train_module
 from posbench.attention import Attention
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.config import check_config
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel
 from posbench.positional import build_encoding
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.tasks import build_task
 from posbench.tasks.measure import eval_distances, measure_task, training_sequences
 from posbench.train import train

@@ -18,14 +18,16 @@ import pytest
 import torch
 
 from posbench import train as train_module
+from posbench import training_run
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
+from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
 from posbench.model import LanguageModel
 from posbench.optim import lr_factor
-from posbench.reevaluate import evaluate_checkpoint, register
 from posbench.runfolder import lock_run_dir
 from posbench.sweep import data_tag
 from posbench.train import train
+from posbench.training_run import check_splits
 
 REPO = Path(__file__).resolve().parents[1]
 #: Seconds of training and evaluation: validation every 4 steps, resume state every 3 (plus train.steps, eval_lens).
@@ -107,7 +109,7 @@ def test_signal_saves_state_and_resume_matches_uninterrupted_run(small_config, t
 def test_finished_run_is_skipped_and_a_changed_config_is_refused(small_config, tmp_path, monkeypatch):
     first = train(small_config(), tmp_path)
     results_written = (tmp_path / "results.csv").stat().st_mtime_ns
-    monkeypatch.setattr(train_module, "load_corpus", lambda cfg: pytest.fail("a finished run must not train again"))
+    monkeypatch.setattr(training_run, "load_corpus", lambda cfg: pytest.fail("a finished run must not train again"))
     again = train(small_config(), tmp_path)
     assert (tmp_path / "results.csv").stat().st_mtime_ns == results_written
     assert list(again["results"]["ppl"]) == list(first["results"]["ppl"])
@@ -267,7 +269,7 @@ def test_eval_on_an_interrupted_run_neither_finishes_it_nor_writes_while_it_is_l
     with lock_run_dir(tmp_path), pytest.raises(PosbenchError, match="another posbench process"):
         evaluate_checkpoint(command, keys, tmp_path)
     evaluate_checkpoint(command, keys, tmp_path)  # a complete results.csv beside last.pt
-    caplog.set_level(logging.INFO, logger="posbench.train")
+    caplog.set_level(logging.INFO, logger="posbench")
     train(small_config(), tmp_path)
     assert "resumed from" in caplog.text and "already holds this run" not in caplog.text
     assert not (tmp_path / RESUME_CHECKPOINT).exists()
@@ -277,15 +279,15 @@ def test_a_valid_split_shorter_than_one_window_is_said(small_config, caplog):
     """train_len 32: 16 validation tokens (15 targets) are one shorter window; 33 tokens fill one window.
     Under torchrun only rank 0, which validates, says it. (The train split's rule, from the same check:
     tests/test_train_lengths.py.)"""
-    caplog.set_level(logging.WARNING, logger="posbench.train")
+    caplog.set_level(logging.WARNING, logger="posbench.training_run")
     corpus = SimpleNamespace(splits={"train": torch.zeros(1000), "valid": torch.zeros(100)})
-    train_module.check_splits(corpus, small_config("train.val_tokens=16"))
+    check_splits(corpus, small_config("train.val_tokens=16"))
     assert [r.getMessage() for r in caplog.records] == [
         "the valid split has 15 targets (train.val_tokens=16), fewer than one window of train_len=32: "
         "validation (the best checkpoint, patience) scores them in one shorter window"
     ]
-    train_module.check_splits(corpus, small_config("train.val_tokens=33"))
-    train_module.check_splits(corpus, small_config("train.val_tokens=16"), validates=False)
+    check_splits(corpus, small_config("train.val_tokens=33"))
+    check_splits(corpus, small_config("train.val_tokens=16"), validates=False)
     assert len(caplog.records) == 1
 
 

@@ -69,7 +69,7 @@ def test_random_order_is_a_function_of_seed_and_step(compose_config):
 
 
 def test_results_name_the_order_so_a_curriculum_is_not_taken_for_another_seed(compose_config):
-    from posbench.config import train_lengths_label
+    from posbench.lengths import train_lengths_label
 
     random_order = lengths_config(compose_config, "train.lengths=[32,8,16]")
     curriculum = lengths_config(compose_config, "train.lengths=[32,8,16]", "train.length_order=curriculum")

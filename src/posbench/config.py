@@ -12,18 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .costs import check_randomized_positions
 from .data import DataConfig
 from .errors import PosbenchError, Problems, raise_problems
+from .lengths import eval_lens_of, lengths_problems, train_lengths_of, train_lengths_problems
 from .logger import check_logger
 from .model import ModelConfig, build_problems
 from .positional import ENCODINGS
 from .probes.config import ProbeConfig, probes_problems
 from .runtime import check_precision, check_threads, resolve_device
-from .tasks import TASKS, build_task
+from .tasks import build_task
 from .variant import AttentionVariant
 
 CONFIG_DIR = Path(__file__).resolve().parent / "conf"
@@ -58,7 +58,7 @@ class TrainConfig:
     loss_spike_ratio: float = 1.5
     #: ...or whose gradient norm (before clipping) exceeds this multiple of its running average.
     grad_spike_ratio: float = 5.0
-    #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; probes/copy.py).
+    #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; copyseq.py).
     copy_fraction: float = 0.0
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
@@ -133,15 +133,6 @@ class Config:
     task: Any = None
 
 
-def register_configs() -> None:
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=Config)
-    for name, (config_cls, _) in ENCODINGS.items():
-        cs.store(group="schema/encoding", name=name, node=config_cls)
-    for name, task_cls in TASKS.items():
-        cs.store(group="schema/task", name=name, node=task_cls.config_class)
-
-
 def config_on_schema(saved) -> DictConfig:
     """A saved run's config (a dict or DictConfig) on today's schema: ``Config`` and its encoding's dataclass,
     so a key added since it was saved reads as its default. One line when it does not fit (an unknown
@@ -158,10 +149,6 @@ def config_on_schema(saved) -> DictConfig:
             f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}"
         ) from None
     return cfg
-
-
-def eval_lens_of(cfg) -> list[int]:
-    return list(cfg.eval_lens) if cfg.eval_lens is not None else [cfg.train_len * m for m in (1, 2, 4, 8, 16)]
 
 
 EVAL_MODES = ("nonoverlapping", "sliding")
@@ -184,68 +171,6 @@ def eval_problems(e) -> list[str]:
     unknown = set(e.splits) - {"train", "valid", "test"}
     if unknown or not e.splits:
         found.append(f"eval.splits must hold some of train, valid, test; got {list(e.splits)}")
-    return found
-
-
-#: What ``null`` means for each list of lengths, said when one is given empty.
-NULL_LENGTHS = {
-    "eval_lens": "train_len x 1, 2, 4, 8, 16",
-    "train.lengths": "train_len alone",
-    "train.val_lens": "train_len alone",
-}
-
-
-def lengths_problems(key: str, values: list) -> list[str]:
-    """A list of lengths: not empty, positive integers, none twice (one problem at most: each rule reads the
-    list as the one before left it)."""
-    if not values:
-        return [f"{key}=[] holds no length; give at least one ({key}=null: {NULL_LENGTHS[key]})"]
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
-        return [f"{key} must hold positive integers, got {values if key in NULL_LENGTHS else values[0]}"]
-    if len(set(values)) < len(values):  # a length measured twice would be written twice under one key
-        return [f"{key} must not repeat a length, got {values}"]
-    return []
-
-
-def train_lengths_of(cfg) -> list[int]:
-    """The lengths a run trains at, shortest first: ``train.lengths``, or train_len alone."""
-    return sorted(cfg.train.lengths) if cfg.train.lengths is not None else [cfg.train_len]
-
-
-LENGTH_ORDERS = ("random", "curriculum")
-
-
-def train_lengths_label(cfg) -> str:
-    """results.csv's ``train_lengths``: ``64|128|256`` in random order, ``64>128>256`` as a curriculum (the
-    order is part of how the model was trained, so the report keeps the two apart), ``256`` alone."""
-    return (">" if cfg.train.length_order == "curriculum" else "|").join(map(str, train_lengths_of(cfg)))
-
-
-def train_lengths_problems(cfg) -> list[str]:
-    """``train.lengths``: positive, distinct, longest = train_len, each keeping tokens per step equal."""
-    t = cfg.train
-    if t.length_order not in LENGTH_ORDERS:
-        return [f"train.length_order must be one of {', '.join(LENGTH_ORDERS)}, got {t.length_order!r}"]
-    if t.lengths is None:
-        if t.length_order != "random":  # one length has no order: the curriculum would be silently ignored
-            return [f"train.length_order={t.length_order} orders train.lengths, which is not given"]
-        return []
-    lengths = list(t.lengths)
-    found = lengths_problems("train.lengths", lengths)
-    if found:  # the rules below divide by the lengths
-        return found
-    if max(lengths) != cfg.train_len:
-        found.append(
-            f"train.lengths={lengths} needs train_len={max(lengths)}, its longest (the length results.csv "
-            f"names and the model is built for), got train_len={cfg.train_len}"
-        )
-    tokens = t.batch_size * cfg.train_len
-    uneven = [length for length in lengths if tokens % length]
-    if uneven:
-        found.append(
-            f"train.lengths: {uneven} cannot keep tokens per step equal: each length must divide "
-            f"train.batch_size x train_len = {tokens}"
-        )
     return found
 
 
@@ -286,11 +211,6 @@ def train_problems(cfg) -> list[str]:
     if t.val_lens is not None:
         found += lengths_problems("train.val_lens", list(t.val_lens))
     return found
-
-
-def val_lens_of(cfg) -> list[int]:
-    """The lengths a validation check measures beside train_len (``train.val_lens``), shortest first."""
-    return sorted(cfg.train.val_lens) if cfg.train.val_lens is not None else []
 
 
 def runtime_problems(problems: Problems, cfg) -> None:

@@ -27,8 +27,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from .config import eval_lens_of, train_lengths_label
 from .data import UNK, Corpus
+from .lengths import eval_lens_of, train_lengths_label
 from .model import LanguageModel
 from .positional import ENCODINGS, encoding_config
 from .runfolder import (

@@ -1,8 +1,9 @@
 """``posbench generate``: sample continuations from a saved run past its training length, with a key/value cache.
 
-The run is loaded as ``posbench eval`` loads it (``reevaluate.load_run``): its own config, with the keys given
-on the command line replacing its values, so the evaluation-time variants apply as there (``rope.scaling.*``,
-``eval.window``, ``eval.blockwise``, ``eval.sink``, ``eval.attn_temperature``, ``model.logn_scaling``).
+The run is loaded as ``posbench eval`` loads it (``saved_run.load_run``, in ``commands/generate.py``): its own
+config, with the keys given on the command line replacing its values, so the evaluation-time variants apply as
+there (``rope.scaling.*``, ``eval.window``, ``eval.blockwise``, ``eval.sink``, ``eval.attn_temperature``,
+``model.logn_scaling``).
 
 Prompts: ``generate.prompts`` N prompts of ``generate.prompt_len`` tokens from the test split, at evenly spaced
 offsets (the same prompts for every run on the same data), or ``generate.text``, its whitespace-separated words
@@ -35,8 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -50,15 +50,10 @@ from .data import UNK, Corpus
 from .errors import PosbenchError, raise_problems
 from .evaluate import variant_of
 from .model import LanguageModel
-from .reevaluate import EvalCommandConfig, command_line_keys, command_problems, load_run, register
 from .runfolder import (
     GENERATION,
     MEASUREMENT_KEYS,
     SAMPLE_KEYS,
-    SAMPLES,
-    lock_run_dir,
-    merge_records,
-    merge_rows,
 )
 from .runtime import autocast
 from .variant import AttentionVariant
@@ -109,15 +104,6 @@ class GenerateConfig:
     repetition_threshold: float = 0.5
 
 
-@dataclass
-class GenerateCommandConfig(EvalCommandConfig):
-    generate: GenerateConfig = field(default_factory=GenerateConfig)
-
-
-def register_generate() -> None:
-    register("generate_schema", GenerateCommandConfig)
-
-
 def generate_problems(g) -> list[str]:
     """The rules of ``generate.*`` that need no run: all but those on the lengths that wait for its train_len."""
     rules = [
@@ -158,12 +144,6 @@ def lengths(g, train_len: int | None) -> tuple[int | None, int | None]:
         prompt_len = max(1, train_len // 2)
     max_len = g.max_len if g.max_len is not None or train_len is None else DEFAULT_LENGTH_RATIO * train_len
     return prompt_len, max_len
-
-
-def check_generate_command(cfg: DictConfig) -> None:
-    """What can be checked before loading anything: the checkpoint, ``eval.*`` and ``generate.*``."""
-    g = cfg.generate
-    raise_problems(command_problems(cfg) + generate_problems(g) + length_problems(g, None))
 
 
 @dataclass
@@ -287,42 +267,25 @@ def describe_samples(prompts: list[Prompt], sampled: Sampled, corpus: Corpus, g,
     return records, rows
 
 
-def generate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, checked: bool = False) -> pd.DataFrame:
-    """Generate from ``command.checkpoint`` (``keys`` of ``command`` overridden) into ``out_dir``; returns the
-    generation.csv rows written. ``checked`` as for ``reevaluate.evaluate_checkpoint``."""
-    if not checked:
-        check_generate_command(command)
-    run = load_run(command, keys)
-    g, cfg, model = command.generate, run.cfg, run.model
-    if None in lengths(g, None):  # a length waited for the run's train_len: its rule runs now
-        raise_problems(length_problems(g, cfg.train_len))
+def generate_samples(
+    model: LanguageModel, corpus: Corpus, cfg: DictConfig, g, device
+) -> tuple[list[dict], pd.DataFrame]:
+    """Samples of ``model`` (a run of config ``cfg``, in its evaluation-time variant) with the options ``g``
+    (``generate.*``): samples.jsonl's records and generation.csv's rows."""
     prompt_len, max_len = lengths(g, cfg.train_len)
-    prompts = prompts_of(run.corpus, g, prompt_len)
+    prompts = prompts_of(corpus, g, prompt_len)
     e = cfg.eval
     identity = dict(encoding=cfg.encoding.name, train_len=cfg.train_len, variant=variant_of(cfg.encoding, e, cfg.model))
     identity |= dict(precision=model.precision, seed=g.seed, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p)
-    generator = torch.Generator(run.device).manual_seed(g.seed)
-    out_dir = Path(out_dir)
+    generator = torch.Generator(device).manual_seed(g.seed)
     records, rows = [], []
-    with lock_run_dir(out_dir), model.attention.evaluated_as(AttentionVariant.of(e, cfg.model)):
-        run.taken_into(out_dir)  # a file that cannot take rows fails before sampling
+    with model.attention.evaluated_as(AttentionVariant.of(e, cfg.model)):
         for i in range(0, len(prompts), g.batch_size):
             batch = prompts[i : i + g.batch_size]
-            sampled = sample(model, torch.stack([p.tokens for p in batch]).to(run.device), max_len, g, generator)
+            sampled = sample(model, torch.stack([p.tokens for p in batch]).to(device), max_len, g, generator)
             log.info(
                 "prompts %d-%d: %d tokens each, %s", i, i + len(batch) - 1, sampled.tokens.shape[1], sampled.status
             )
-            described = describe_samples(batch, sampled, run.corpus, g, identity)
+            described = describe_samples(batch, sampled, corpus, g, identity)
             records, rows = records + described[0], rows + described[1]
-        table = pd.DataFrame(rows, columns=GENERATION_COLUMNS)
-        merge_rows(out_dir, GENERATION, table, run.state)
-        merge_records(out_dir, records, run.state)
-    onsets = [r["degeneration_onset"] for r in records if r["degeneration_onset"] is not None]
-    log.info("%d samples written to %s; degeneration onset in %d", len(records), out_dir / SAMPLES, len(onsets))
-    return table
-
-
-def generate_command(cfg: DictConfig, out_dir: str) -> pd.DataFrame:
-    """The Hydra task of ``posbench generate``."""
-    keys = [key for key in command_line_keys() if key.split(".")[0] != "generate"]  # not the run's config
-    return generate_checkpoint(cfg, keys, Path(out_dir), checked=True)
+    return records, pd.DataFrame(rows, columns=GENERATION_COLUMNS)

@@ -17,8 +17,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import load_checkpoint
-from .config import config_on_schema, eval_lens_of
+from .config import config_on_schema
 from .errors import PosbenchError, Refused
+from .lengths import eval_lens_of
 from .runfolder import CHECKPOINT, ERROR_FILE, RESULTS, RESUME_CHECKPOINT, TASK_RESULTS, model_state, read_csv
 from .runtime import legacy_precision, resolve_device, resolve_precision, rng_states, set_rng_states
 

@@ -8,7 +8,8 @@ Precision: ``fp32``, or ``bf16`` (the forward pass under bfloat16 autocast; weig
 state, loss and log-softmax stay fp32). ``auto`` is bf16 where the hardware computes it natively
 (CUDA; CPUs with avx512_bf16 or AMX) and fp32 elsewhere, where emulated bf16 is slower than fp32.
 
-``freed_memory_kept`` is how training steps avoid page faults on glibc (docs/performance.md).
+``freed_memory_kept`` is how training steps avoid page faults on glibc (docs/performance.md);
+``signals_deferred`` lets the training loop save its state before SIGINT or SIGTERM stops it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import ctypes
 import platform
 import random
 import re
+import signal
+import threading
 from pathlib import Path
 
 import torch
@@ -150,3 +153,24 @@ def freed_memory_kept():
         for parameter, value in GLIBC_SETTLED.items():
             libc.mallopt(parameter, value)
         libc.malloc_trim(0)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGINT/SIGTERM only set a flag (the loop checkpoints, then stops); a second one stops at once."""
+    caught: list[str] = []
+
+    def handler(signum, frame):
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield caught
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield caught
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

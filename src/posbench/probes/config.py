@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
+from ..errors import ProblemsFound, raise_problems
 from .context import ContextProbeConfig
 from .copy import CopyProbeConfig
 
@@ -18,26 +19,32 @@ class ProbeConfig(CopyProbeConfig, ContextProbeConfig):
     """The options of every probe under ``probe.``; ``seed`` is shared by the context and copy probes."""
 
     def __post_init__(self):
-        ContextProbeConfig.__post_init__(self)
-        CopyProbeConfig.__post_init__(self)
+        raise_problems(self.problems())
+
+    def problems(self) -> list[str]:
+        """Every broken rule of ``probe.*``, each probe's own and the shared seed's."""
+        found = ContextProbeConfig.problems(self) + CopyProbeConfig.problems(self)
         if self.seed < 0:  # numpy's generators refuse it, after a whole training run
-            raise ValueError(f"probe.seed={self.seed} must be a non-negative integer")
+            found.append(f"probe.seed={self.seed} must be a non-negative integer")
+        return found
 
 
 def probe_config(probe) -> ProbeConfig:
-    """``probe`` (a DictConfig or a dict) as a checked ProbeConfig; a broken rule raises ValueError."""
+    """``probe`` (a DictConfig or a dict) as a checked ProbeConfig; broken rules raise ProblemsFound (a
+    ValueError) with all of them."""
     return ProbeConfig(**(OmegaConf.to_container(probe) if OmegaConf.is_config(probe) else dict(probe)))
 
 
 def probes_problems(names, probe) -> list[str]:
-    """Unknown probe names, and the first broken ``probe.*`` rule (``ProbeConfig`` checks as it is built)."""
+    """Unknown probe names, and every broken ``probe.*`` rule."""
     found = []
     unknown = [name for name in names if name not in PROBES]
     if unknown:
         given = ",".join(names)
-        found.append(f"unknown probe {unknown[0]!r} in probes=[{given}]; probes: {', '.join(PROBES)}")
+        named = ", ".join(map(repr, unknown))
+        found.append(f"unknown probe {named} in probes=[{given}]; probes: {', '.join(PROBES)}")
     try:
         probe_config(probe)
-    except ValueError as e:
-        found.append(str(e))
+    except ProblemsFound as e:
+        found += e.problems
     return found

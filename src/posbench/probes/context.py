@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from torch import Tensor, nn
 
-from ..errors import PosbenchError
+from ..errors import PosbenchError, raise_problems
 from . import device_of, within_data
 
 COLUMNS = ["split", "context", "subset", "targets", "nll", "nll_se", "ppl", "status", "reason"]
@@ -54,12 +54,14 @@ class ContextProbeConfig:
     block: int = 64
 
     def __post_init__(self):
-        if self.targets < 1:
-            raise ValueError(f"probe.targets={self.targets} must be at least 1")
-        if self.block < 1:
-            raise ValueError(f"probe.block={self.block} must be at least 1")
+        raise_problems(self.problems())  # ProblemsFound, a ValueError: every broken rule at once
+
+    def problems(self) -> list[str]:
+        counts = {"targets": self.targets, "block": self.block}
+        found = [f"probe.{key}={value} must be at least 1" for key, value in counts.items() if value < 1]
         if self.contexts is not None and (not self.contexts or min(self.contexts) < 1):
-            raise ValueError(f"probe.contexts={list(self.contexts)} must be positive integers")
+            found.append(f"probe.contexts={list(self.contexts)} must be positive integers")
+        return found
 
 
 def default_contexts(train_len: int) -> list[int]:

@@ -9,8 +9,9 @@ Protocol (``copy_probe``):
   than the stream are dropped with one warning. A distance whose sequence (2 x span + d - 1 input positions)
   the encoding cannot serve is ``unsupported``.
 * Randomness: ``trials`` pairs (A, B) are drawn once and shared by every distance; the filler offsets are
-  drawn per distance. Both come from NumPy generators keyed by (``COPY_STREAM``, seed[, d]), apart from
-  any generator seeded with a training seed alone, and untouched by the global torch or NumPy state.
+  drawn per distance. Both come from NumPy generators keyed by (``copyseq.COPY_STREAM``, seed[, d]), apart
+  from any generator seeded with a training seed alone, and untouched by the global torch or NumPy state
+  (``copyseq`` makes the sequences; training draws its own copy sequences there too).
 * Per distance: ``nll_copy`` and ``nll_baseline`` are mean NLLs over trials x (span - 1) tokens,
   ``gain`` = nll_baseline - nll_copy (nats), ``accuracy`` and ``accuracy_baseline`` the top-1 accuracy
   on the same tokens.
@@ -25,12 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..copyseq import copy_sequences, draw_spans
+from ..errors import raise_problems
 from . import device_of, within_data
 
 COLUMNS = [
@@ -44,10 +46,6 @@ COLUMNS = [
     "status",
     "reason",
 ]
-#: Keys the probe's generators apart from any seeded with a plain training seed.
-COPY_STREAM = 0xC0B1
-#: Keys the generators of training's copy sequences (``train.copy_fraction``) apart from the probe's.
-TRAIN_COPY_STREAM = 0xC0B2
 #: copy_reach: below this gain at d = 0 (nats), the model has not learned to copy.
 MIN_COPY_GAIN = 0.1
 
@@ -66,33 +64,22 @@ class CopyProbeConfig:
     seed: int = 0
 
     def __post_init__(self):
+        raise_problems(self.problems())  # ProblemsFound, a ValueError: every broken rule at once
+
+    def problems(self) -> list[str]:
+        found = []
         if self.span < 2:
-            raise ValueError(f"probe.span={self.span} must be at least 2 (its tokens 2..span are scored)")
+            found.append(f"probe.span={self.span} must be at least 2 (its tokens 2..span are scored)")
         if self.trials < 1:
-            raise ValueError(f"probe.trials={self.trials} must be at least 1")
+            found.append(f"probe.trials={self.trials} must be at least 1")
         if self.distances is not None and (not self.distances or min(self.distances) < 0):
-            raise ValueError(f"probe.distances={list(self.distances)} must be non-negative integers")
+            found.append(f"probe.distances={list(self.distances)} must be non-negative integers")
+        return found
 
 
 def default_distances(train_len: int) -> list[int]:
     """0, 16, 64 and 1/2, 1, 2, 4, 8, 16 x train_len."""
     return sorted({0, 16, 64, train_len // 2, *(train_len * f for f in (1, 2, 4, 8, 16))})
-
-
-def draw_spans(vocab_size: int, cfg: CopyProbeConfig) -> tuple[Tensor, Tensor]:
-    """The copied spans A and the baseline spans B, each (trials, span), drawn independently."""
-    rng = np.random.default_rng([COPY_STREAM, cfg.seed])
-    spans = rng.integers(0, vocab_size, (2, cfg.trials, cfg.span))
-    return torch.from_numpy(spans[0]), torch.from_numpy(spans[1])
-
-
-def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, seed: int) -> tuple[Tensor, Tensor]:
-    """(copy, baseline) sequences (trials, 2 x span + distance): A or B, d tokens of ``tokens``, then A."""
-    copied, baseline = spans
-    rng = np.random.default_rng([COPY_STREAM, seed, distance])
-    offsets = rng.integers(0, len(tokens) - distance + 1, len(copied))
-    filler = torch.stack([tokens[o : o + distance] for o in offsets.tolist()]).to(copied)  # (trials, distance)
-    return torch.cat([copied, filler, copied], 1), torch.cat([baseline, filler, copied], 1)
 
 
 def default_logits_fn(model: nn.Module) -> LogitsFn:
@@ -152,29 +139,6 @@ def copy_probe(
         nll, hit = score_copies(logits_fn, sequences, cfg.span, batch_tokens, device_of(model))
         rows.append(dict(where, **summarize(nll, hit, cfg.trials), status="ok", reason=""))
     return pd.DataFrame(rows, columns=COLUMNS)
-
-
-def with_copies(
-    x: Tensor, y: Tensor, tokens: Tensor, vocab_size: int, fraction: float, span: int, seed: int, step: int
-) -> tuple[Tensor, Tensor]:
-    """Training batch (x, y) with round(fraction x B) of its sequences, chosen at random, replaced by copy sequences.
-
-    A copy sequence (as long as a row of x plus one) is a random span of min(``span``, half its length) tokens,
-    d tokens of ``tokens`` (d uniform from 0 to what the length allows), the span again, then more of the same
-    text. Drawn by a NumPy generator keyed by (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's,
-    and the same again when a resumed run redoes ``step``.
-    """
-    sequences = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1): y is x shifted by one
-    batch, length = sequences.shape
-    rng = np.random.default_rng([TRAIN_COPY_STREAM, seed, step])
-    span = min(span, length // 2)
-    text = length - 2 * span  # real-text tokens per copy sequence
-    for row in rng.choice(batch, round(fraction * batch), replace=False).tolist():
-        distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
-        copied = torch.from_numpy(rng.integers(0, vocab_size, span)).to(sequences)
-        filler = tokens[offset : offset + text].to(sequences)
-        sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
-    return sequences[:, :-1], sequences[:, 1:]
 
 
 @dataclass

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import eval_lens_of, train_lengths_label
 from ..evaluate import variant_of
+from ..lengths import eval_lens_of, train_lengths_label
 from ..runtime import autocast
 from ..variant import AttentionVariant
 from .base import Batch, Task
@@ -85,6 +85,12 @@ def score_task(logits_fn: LogitsFn, batch: Batch, batch_tokens: int, device) -> 
     hits = torch.cat(hit)  # (trials, answer tokens)
     nlls = torch.cat(nll).double()
     return TaskScore(len(hits), hits.all(1).double().mean().item(), hits.double().mean().item(), nlls.mean().item())
+
+
+def validation_score(model: nn.Module, task: Task, train_len: int, batch_tokens: int, device) -> TaskScore:
+    """A task model scored on the task's validation sequences at train_len: training's validation of a task run."""
+    model.eval()
+    return score_task(model_logits(model), validation_sequences(task, train_len), batch_tokens, device)
 
 
 def eval_distances(task: Task, given, train_len: int, length: int) -> list[int]:

@@ -1,0 +1,59 @@
+"""Copy sequences: a random span, text, the span again; drawn for the copy probe and for training.
+
+The copy probe (``probes.copy``) scores ``copy_sequences`` built from ``draw_spans``; training with
+``train.copy_fraction`` replaces some of each batch's sequences by ``with_copies``. Each draws from a NumPy
+generator keyed by its own stream constant, the seed and (for training) the step: apart from each other and from
+any generator seeded with a training seed alone, untouched by the global torch or NumPy state, and the same
+again when a resumed run redoes a step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+#: Keys the probe's generators apart from any seeded with a plain training seed.
+COPY_STREAM = 0xC0B1
+#: Keys the generators of training's copy sequences (``train.copy_fraction``) apart from the probe's.
+TRAIN_COPY_STREAM = 0xC0B2
+
+
+def draw_spans(vocab_size: int, cfg) -> tuple[Tensor, Tensor]:
+    """The copied spans A and the baseline spans B, each (``cfg.trials``, ``cfg.span``), drawn independently by
+    ``cfg.seed`` (a ``CopyProbeConfig``)."""
+    rng = np.random.default_rng([COPY_STREAM, cfg.seed])
+    spans = rng.integers(0, vocab_size, (2, cfg.trials, cfg.span))
+    return torch.from_numpy(spans[0]), torch.from_numpy(spans[1])
+
+
+def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(copy, baseline) sequences (trials, 2 x span + distance): A or B, d tokens of ``tokens``, then A."""
+    copied, baseline = spans
+    rng = np.random.default_rng([COPY_STREAM, seed, distance])
+    offsets = rng.integers(0, len(tokens) - distance + 1, len(copied))
+    filler = torch.stack([tokens[o : o + distance] for o in offsets.tolist()]).to(copied)  # (trials, distance)
+    return torch.cat([copied, filler, copied], 1), torch.cat([baseline, filler, copied], 1)
+
+
+def with_copies(
+    x: Tensor, y: Tensor, tokens: Tensor, vocab_size: int, fraction: float, span: int, seed: int, step: int
+) -> tuple[Tensor, Tensor]:
+    """Training batch (x, y) with round(fraction x B) of its sequences, chosen at random, replaced by copy sequences.
+
+    A copy sequence (as long as a row of x plus one) is a random span of min(``span``, half its length) tokens,
+    d tokens of ``tokens`` (d uniform from 0 to what the length allows), the span again, then more of the same
+    text. Drawn by a NumPy generator keyed by (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's,
+    and the same again when a resumed run redoes ``step``.
+    """
+    sequences = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1): y is x shifted by one
+    batch, length = sequences.shape
+    rng = np.random.default_rng([TRAIN_COPY_STREAM, seed, step])
+    span = min(span, length // 2)
+    text = length - 2 * span  # real-text tokens per copy sequence
+    for row in rng.choice(batch, round(fraction * batch), replace=False).tolist():
+        distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
+        copied = torch.from_numpy(rng.integers(0, vocab_size, span)).to(sequences)
+        filler = tokens[offset : offset + text].to(sequences)
+        sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
+    return sequences[:, :-1], sequences[:, 1:]
