@@ -164,7 +164,8 @@ def interrupted(folder, steps=60):
     command = [sys.executable, "-m", "posbench", "train", *SMOKE, *own]
     process = subprocess.Popen(command, env=dict(os.environ, OMP_NUM_THREADS="1"), stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not (folder / "last.pt").exists() and time.monotonic() < deadline:
+    # both: last.pt (every 2 steps) can come before the first validation writes the best checkpoint
+    while not all((folder / name).exists() for name in ("last.pt", "checkpoint.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=120) == 2
