@@ -1,5 +1,5 @@
 """Atomic writes: a reader sees the old file or the new one, never half of one (what goes where in a run
-folder is runfolder.py's)."""
+folder is the runfolder package's)."""
 
 from __future__ import annotations
 
