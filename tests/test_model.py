@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from posbench.config import TrainConfig
+from posbench.optim import make_optimizer
 from posbench.positional import ENCODINGS
 
 # sdpa: flex compiles a kernel per encoding (a minute each on CPU); test_attention checks flex equals sdpa.
@@ -53,3 +55,16 @@ def test_token_nll_matches_cross_entropy_whatever_the_chunk(make_model):
 def test_weights_tied_by_default(make_model):
     model = make_model("none")
     assert model.head.weight is model.tok_emb.weight
+
+
+@pytest.mark.parametrize("name", ["learned", "fox", "cope"])
+def test_weight_decay_spares_the_encodings_parameters_its_own_and_its_layers(name, make_model):
+    """Matrices decay, but not an encoding's: learned's table (the encoding's own), FoX's gate and CoPE's
+    position embeddings (each layer's content terms)."""
+    model = make_model(name)
+    decayed, spared = (group["params"] for group in make_optimizer(model, TrainConfig()).param_groups)
+    names = {id(p): n for n, p in model.named_parameters()}
+    encodings = [n for n in names.values() if n.startswith("encoding.") or ".attn.terms." in n]
+    assert encodings and all(names[id(p)] not in encodings for p in decayed)
+    assert {names[id(p)] for p in spared} >= set(encodings)
+    assert "blocks.0.attn.qkv.weight" in {names[id(p)] for p in decayed}

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    from .model import LanguageModel
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -16,12 +19,14 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(model: nn.Module, cfg) -> torch.optim.AdamW:
+def make_optimizer(model: LanguageModel, cfg) -> torch.optim.AdamW:
     """AdamW with ``cfg.lr`` and ``cfg.weight_decay`` (a TrainConfig)."""
-    # Decay matrices only; norms, biases and the encoding's own few parameters are left alone.
+    # Decay matrices only; norms, biases and the encoding's parameters (its own and its layers' content terms,
+    # LanguageModel.encoding_parameters) are left alone.
+    encoding = {id(p) for p in model.encoding_parameters()}
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and not name.startswith("encoding.") else no_decay).append(p)
+    for p in model.parameters():
+        (decay if p.dim() >= 2 and id(p) not in encoding else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # CUDA's fused kernel updates every parameter in one launch; the CPU keeps the default (foreach) path.
     fused = all(p.is_cuda for p in decay + no_decay)
