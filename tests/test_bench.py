@@ -134,3 +134,12 @@ def test_every_row_in_each_precision_against_that_precision_s_peak(tmp_path, mon
     text = (tmp_path / "bench.md").read_text()
     assert "matmul peak fp32 1.0 GFLOP/s, bf16 4.0 GFLOP/s" in text
     assert "| alibi | sdpa, compiled | bf16 |" in text and "| alibi | sdpa | fp32 | 16 |" in text
+
+
+def test_a_content_encoding_is_timed_on_eager_alone_and_other_backends_say_why(tmp_path):
+    """FoX computes through its layers' terms, which only eager serves: an sdpa row would time eager."""
+    table = bench(bench_config("encodings=[fox]", "backends=[eager,sdpa]", "eval_lens=[16]"), tmp_path)
+    sdpa, eager = table[table.backend == "sdpa"], table[table.backend == "eager"]
+    assert len(sdpa) == 1 and sdpa.status.eq("skipped").all() and "only the eager backend" in sdpa.reason.iloc[0]
+    assert eager.status.eq("ok").any() and (eager[eager.status == "ok"].tokens_per_s > 0).all()
+    assert "only the eager backend" in (tmp_path / "bench.md").read_text()
