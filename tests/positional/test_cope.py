@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from content_terms import terms_pass
 
 from posbench import attention as attention_mod
 from posbench.attention import Attention
-from posbench.masks import causal_mask
 from posbench.positional import build_encoding
 from posbench.positional import cope as cope_module
 
@@ -61,20 +61,9 @@ def reference_of(q, k, v, table, npos):
     return logits.view(1, H, *logits.shape[1:]), weights.view(1, H, *weights.shape[1:]), out.view_as(q)
 
 
-def posbench_of(q, k, v, encoding, terms):
-    """posbench's logits and weights (the layer's terms on the full causal mask) and its attention output
-    (planned as the model plans it: query blocks when MASK_BUDGET says so)."""
-    idx = torch.arange(q.shape[2])
-    scores = q @ k.transpose(-1, -2) / math.sqrt(HD)
-    logits = terms.logits(scores, causal_mask(encoding, idx, idx), q, k, None, idx, idx)
-    attention = Attention("auto", encoding)
-    out = attention(q, k, v, attention.plan(q.shape[2], q.device, True, 0.0), None, terms, None)
-    return logits, terms.weights(logits), out
-
-
 def assert_equal_to_the_reference(T: int, npos: int, tolerance: float = 1e-12):
     encoding, terms, (q, k, v) = setup(T, npos)
-    ours, theirs = posbench_of(q, k, v, encoding, terms), reference_of(q, k, v, terms.embeddings, npos)
+    ours, theirs = terms_pass(q, k, v, encoding, terms), reference_of(q, k, v, terms.embeddings, npos)
     visible = torch.ones(T, T, dtype=torch.bool).tril()
     assert torch.isneginf(ours[0][..., ~visible]).all()
     torch.testing.assert_close(ours[0][..., visible], theirs[0][..., visible], rtol=tolerance, atol=tolerance)

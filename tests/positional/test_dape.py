@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from content_terms import terms_pass
 
 from posbench import attention as attention_mod
 from posbench.attention import Attention
@@ -51,17 +52,6 @@ def setup(T: int, base: str = "kerple_log", seed: int = 0):
     return encoding, terms, (q, k, v)
 
 
-def posbench_of(q, k, v, encoding, terms):
-    """posbench's logits and weights (the layer's terms on the full causal mask) and its attention output
-    (planned as the model plans it: query blocks when MASK_BUDGET says so)."""
-    idx = torch.arange(q.shape[2])
-    scores = q @ k.transpose(-1, -2) / math.sqrt(HD)
-    logits = terms.logits(scores, causal_mask(encoding, idx, idx), q, k, None, idx, idx)
-    attention = Attention("auto", encoding)
-    out = attention(q, k, v, attention.plan(q.shape[2], q.device, True, 0.0), None, terms, None)
-    return logits, terms.weights(logits), out
-
-
 def reference_of(q, k, v, encoding, terms):
     x = q @ k.transpose(-1, -2) / math.sqrt(HD)  # GPT-NeoX: baddbmm with alpha 1/norm_factor
     r1, r2 = encoding.base.r1, encoding.base.r2
@@ -79,7 +69,7 @@ TOLERANCE = 1e-6
 
 def assert_equal_to_the_reference(T: int, tolerance: float = TOLERANCE):
     encoding, terms, (q, k, v) = setup(T)
-    ours = posbench_of(q, k, v, encoding, terms)  # first: posbench clamps KERPLE's parameters in place
+    ours = terms_pass(q, k, v, encoding, terms)  # first: posbench clamps KERPLE's parameters in place
     theirs = reference_of(q, k, v, encoding, terms)
     visible = torch.ones(T, T, dtype=torch.bool).tril()
     assert torch.isneginf(ours[0][..., ~visible]).all()

@@ -192,3 +192,28 @@ def deduplicated(table: pd.DataFrame, name: str) -> pd.DataFrame:
         return table.reset_index(drop=True)
     keys = [c for c in [*RUN_KEYS, *MEASUREMENT_KEYS[name]] if c in table]
     return table[~table[keys].astype("string").duplicated(keep="last")].reset_index(drop=True)
+
+
+def collect_finished_rows(root: Path, name: str) -> tuple[pd.DataFrame, dict[Path, str]]:
+    """Every finished run's rows of the CSV ``name`` below ``root`` (one per measurement, with ``run_dir``; its
+    ``variant`` as text), and what was left out of which folder: the CSVs a run folder may hold without a
+    results.csv (task runs) or beside it (generation), read one file at a time."""
+    frames, left_out = [], {}
+    for folder in run_folders(root):
+        path = find(folder, name)
+        if path is None:
+            continue
+        if unfinished_reason(folder):
+            left_out[folder] = unfinished_reason(folder)
+            continue
+        table, problem = read_table(path, name)
+        tables, unfinished = measured_when_finished({name: table}) if table is not None else ({}, [])
+        problems = [p for p in [problem, *unfinished] if p]
+        if problems:
+            left_out[folder] = "; ".join(problems)
+        if tables and len(tables[name]):
+            frames.append(deduplicated(tables[name], name).assign(run_dir=str(folder)))
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(rows):
+        rows["variant"] = rows["variant"].astype("string").fillna("")
+    return rows, left_out

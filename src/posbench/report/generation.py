@@ -16,8 +16,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..markdown import markdown_table
-from ..runfolder import GENERATION, find, unfinished_reason
-from .collect import deduplicated, measured_when_finished, read_table, run_folders
+from ..runfolder import GENERATION
+from .collect import collect_finished_rows
 from .figures import line_styles, plain_ticks, save_figure
 
 #: What one line of the generation table and figure is: a model as trained and evaluated, and how it sampled.
@@ -31,25 +31,7 @@ SHOWN_MULTIPLES = (1, 2, 4, 8, 16)
 
 def collect_generation(root: Path) -> tuple[pd.DataFrame, dict[Path, str]]:
     """Every finished run's generation.csv rows below ``root``, and what was left out of which folder."""
-    frames, left_out = [], {}
-    for folder in run_folders(root):
-        path = find(folder, GENERATION)
-        if path is None:
-            continue
-        if unfinished_reason(folder):
-            left_out[folder] = unfinished_reason(folder)
-            continue
-        table, problem = read_table(path, GENERATION)
-        tables, unfinished = measured_when_finished({GENERATION: table}) if table is not None else ({}, [])
-        problems = [p for p in [problem, *unfinished] if p]
-        if problems:
-            left_out[folder] = "; ".join(problems)
-        if tables and len(tables[GENERATION]):
-            frames.append(deduplicated(tables[GENERATION], GENERATION).assign(run_dir=str(folder)))
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if len(rows):
-        rows["variant"] = rows["variant"].astype("string").fillna("")
-    return rows, left_out
+    return collect_finished_rows(root, GENERATION)
 
 
 def generation_summary(rows: pd.DataFrame) -> pd.DataFrame:

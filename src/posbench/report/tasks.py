@@ -17,8 +17,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..markdown import markdown_table
-from ..runfolder import TASK_RESULTS, find, unfinished_reason
-from .collect import deduplicated, measured_when_finished, read_table, run_folders
+from ..runfolder import TASK_RESULTS
+from .collect import collect_finished_rows
 from .figures import line_styles, plain_ticks, save_figure
 
 #: What one line of the task table and figures is: a model as trained and as evaluated.
@@ -28,24 +28,8 @@ GEOMETRY = ["eval_len", "distance"]
 
 def collect_tasks(root: Path) -> tuple[pd.DataFrame, dict[Path, str]]:
     """Every finished run's task_results.csv rows below ``root``, and what was left out of which folder."""
-    frames, left_out = [], {}
-    for folder in run_folders(root):
-        path = find(folder, TASK_RESULTS)
-        if path is None:
-            continue
-        if unfinished_reason(folder):
-            left_out[folder] = unfinished_reason(folder)
-            continue
-        table, problem = read_table(path, TASK_RESULTS)
-        tables, unfinished = measured_when_finished({TASK_RESULTS: table}) if table is not None else ({}, [])
-        problems = [p for p in [problem, *unfinished] if p]
-        if problems:
-            left_out[folder] = "; ".join(problems)
-        if tables and len(tables[TASK_RESULTS]):
-            frames.append(deduplicated(tables[TASK_RESULTS], TASK_RESULTS).assign(run_dir=str(folder)))
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    rows, left_out = collect_finished_rows(root, TASK_RESULTS)
     if len(rows):
-        rows["variant"] = rows["variant"].astype("string").fillna("")
         rows["train_lengths"] = rows["train_lengths"].astype(str)
     return rows, left_out
 
