@@ -80,15 +80,21 @@ def test_a_learned_table_smaller_than_m_is_refused():
         build_encoding(cfg, n_heads=4, head_dim=8, d_model=32, train_len=16)
 
 
-def test_nope_warns_that_randomized_positions_change_nothing(caplog):
-    def build(cfg):
-        with caplog.at_level("WARNING", logger="posbench.positional.nope"):
-            build_encoding(cfg, n_heads=4, head_dim=8, d_model=32, train_len=16)
-
-    build({"name": "none"})
-    assert not caplog.records
-    build({"name": "none", "randomized_positions": 64})
-    assert "encoding=none has no positions" in caplog.text and "randomized_positions=64" in caplog.text
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_randomized_positions_warn_exactly_where_they_change_nothing(tiny_lm, tokens, caplog, name):
+    """An encoding whose outputs do not move when its positions do (NoPE, FoX, stick-breaking, CoPE) accepts
+    randomized_positions, as a control run, with one warning; every other encoding reads them, silently."""
+    model = tiny_lm(name, vocab=VOCAB, train_len=T, encoding_noise=0.3, attention="auto")
+    with torch.no_grad():
+        # other positions below T (a learned table has T rows): every distance halved
+        moved = not torch.equal(model(tokens), model(tokens, torch.arange(T) // 2))
+    with caplog.at_level("WARNING", logger="posbench.positional"):
+        tiny_lm(name, vocab=VOCAB, train_len=T, attention="auto")
+        assert not caplog.records
+        tiny_lm(name, vocab=VOCAB, train_len=T, attention="auto", options={"randomized_positions": M})
+    warned = f"encoding={name} has no positions" in caplog.text and f"randomized_positions={M} changes" in caplog.text
+    assert warned == (not moved) and len(caplog.records) == (not moved)
+    assert moved or name in {"none", "fox", "stickbreaking", "cope"}
 
 
 @pytest.mark.parametrize("name", sorted(ENCODINGS))

@@ -25,6 +25,7 @@ by ``variant_options`` and named in result rows by ``variant_label``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, ClassVar, Optional
 
@@ -33,6 +34,8 @@ from omegaconf import MISSING
 from torch import Tensor, nn
 
 from ..errors import raise_problems
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,9 @@ class PositionEncoding(nn.Module):
     #: fields must also be fields of the encoding's config; ``posbench eval`` offers them under
     #: the encoding's name (``rope.scaling.factor=4`` sets ``encoding.scaling.factor``).
     variant_options: ClassVar[type | None] = None
+    #: False for an encoding that never reads the positions it is given (NoPE, and those whose terms count
+    #: by the content alone): ``randomized_positions`` is accepted there, as a control run, with a warning.
+    reads_positions: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -143,6 +149,12 @@ class PositionEncoding(nn.Module):
     def __init__(self, cfg: EncodingConfig, dims: Dimensions):
         super().__init__()
         raise_problems(cfg.problems(dims))
+        if cfg.randomized_positions is not None and not self.reads_positions:
+            log.warning(
+                "encoding=%s has no positions: encoding.randomized_positions=%d changes nothing",
+                cfg.name,
+                cfg.randomized_positions,
+            )
         self.n_heads = dims.n_heads
         self.randomized_positions = cfg.randomized_positions
         self._counting: tuple[tuple, Tensor] | None = None  # ((length, device), 0..length-1)

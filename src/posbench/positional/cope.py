@@ -103,6 +103,7 @@ class CopeTerms(LayerTerms):
 
 class CoPE(PositionEncoding):
     config_class = CopeConfig
+    reads_positions = False  # its terms count by the content alone
     #: Score-sized fp32 tensors one block holds at once (gates, positions, their floor and ceiling as int64,
     #: the two gathers, the weight, the logits, ...): a peak of 10 measured at 8 heads over 16,384 keys.
     logit_memory_factor = 10.0

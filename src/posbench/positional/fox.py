@@ -61,6 +61,7 @@ class ForgetGate(LayerTerms):
 
 class FoX(PositionEncoding):
     config_class = FoXConfig
+    reads_positions = False  # its terms count by the content alone
 
     def __init__(self, cfg: FoXConfig, dims: Dimensions):
         super().__init__(cfg, dims)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
-from .base import Dimensions, EncodingConfig, PositionEncoding
-
-log = logging.getLogger(__name__)
+from .base import EncodingConfig, PositionEncoding
 
 
 @dataclass
@@ -17,12 +14,4 @@ class NoPEConfig(EncodingConfig):
 
 class NoPE(PositionEncoding):
     config_class = NoPEConfig
-
-    def __init__(self, cfg: NoPEConfig, dims: Dimensions):
-        super().__init__(cfg, dims)
-        if cfg.randomized_positions is not None:
-            # allowed, as a control run (scripts/remedies.sh), but it trains exactly the plain model
-            log.warning(
-                "encoding=none has no positions: encoding.randomized_positions=%d changes nothing",
-                cfg.randomized_positions,
-            )
+    reads_positions = False

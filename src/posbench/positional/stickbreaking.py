@@ -54,6 +54,7 @@ class StickBreakingTerms(LayerTerms):
 
 class StickBreaking(PositionEncoding):
     config_class = StickBreakingConfig
+    reads_positions = False  # its terms count by the content alone
     #: z, its two log-sigmoids, the reverse cumulative sum and its shift, the log-weights, the weights.
     logit_memory_factor = 8.0
 
