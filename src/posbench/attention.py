@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .backends import Plan, bias_score_mod, dense_attention, flex_kernel
+from .backends import Plan, bias_score_mod, composed, dense_attention, flex_kernel
 from .cache import LayerCache
 from .errors import raise_problems
 from .masks import FLEX_BLOCK, causal_block_mask, causal_mask, reaching_block_mask
@@ -116,28 +116,36 @@ class Attention:
         return None
 
     def pick(self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float) -> str:
-        """The backend for one pass: the requested one (flex where it can run), or for ``auto``:
-        flex for evaluating a bias encoding at ``FLEX_AUTO_MIN_LEN`` tokens or more, eager for training
-        on CPU in bf16 without attention dropout up to ``EAGER_AUTO_MAX_TRAIN_LEN`` tokens, where each
-        was measured faster than sdpa (docs/performance.md), else sdpa. Encodings with layer terms: eager,
-        whatever was asked (one warning for sdpa or flex)."""
-        if self.encoding.has_layer_terms:  # only eager computes through the layers' content terms
-            if self.backend in ("sdpa", "flex"):
-                name = type(self.encoding).__name__
-                self.warn_once(f"model.attention={self.backend}: {name} computes per-layer terms; using eager")
+        """The backend for one pass: the requested one (flex where it can run, else sdpa, or eager for layer
+        terms), or for ``auto``: flex for evaluating a bias encoding, or one whose terms run on flex (FoX), at
+        ``FLEX_AUTO_MIN_LEN`` tokens or more, eager for training on CPU in bf16 without attention dropout up to
+        ``EAGER_AUTO_MAX_TRAIN_LEN`` tokens, where each was measured faster (docs/performance.md), else sdpa.
+        Encodings with layer terms never run on sdpa, nor on flex unless ``terms_on_flex``: eager, whatever was
+        asked (one warning)."""
+        terms, on_flex = self.encoding.has_layer_terms, self.encoding.terms_on_flex
+        if terms and (self.backend == "sdpa" or self.backend == "flex" and not on_flex):
+            name = type(self.encoding).__name__
+            self.warn_once(f"model.attention={self.backend}: {name} computes per-layer terms; using eager")
             return "eager"
         obstacle = self.flex_obstacle(device, needs_grad, dropout_p)
         if self.backend == "auto":
-            long_bias_eval = self.encoding.has_bias and seq_len >= FLEX_AUTO_MIN_LEN
-            if long_bias_eval and not obstacle and not needs_grad:
+            in_kernel = on_flex if terms else self.encoding.has_bias  # what flex computes that sdpa cannot
+            if in_kernel and seq_len >= FLEX_AUTO_MIN_LEN and not needs_grad and not obstacle:
                 return "flex"
+            if terms:
+                return "eager"
             cpu_bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
             eager_train = needs_grad and dropout_p == 0 and seq_len <= EAGER_AUTO_MAX_TRAIN_LEN
             return "eager" if eager_train and device.type == "cpu" and cpu_bf16 else "sdpa"
         if self.backend == "flex" and obstacle:
-            self.warn_once(f"model.attention=flex: {obstacle}; using sdpa for these passes")
-            return "sdpa"
+            self.warn_once(f"model.attention=flex: {obstacle}; using {self.flex_fallback} for these passes")
+            return self.flex_fallback
         return self.backend
+
+    @property
+    def flex_fallback(self) -> str:
+        """The backend of passes that flex cannot serve: sdpa, or eager for layer terms (sdpa cannot compute them)."""
+        return "eager" if self.encoding.has_layer_terms else "sdpa"
 
     def warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -226,12 +234,13 @@ class Attention:
             self.observer(q, k, terms, state)
         if plan.backend == "flex" and not self.flex_broken:
             try:
-                return self.flex(q, k, v, plan)
+                return self.flex(q, k, v, plan, terms, state)
             except Exception as e:  # noqa: BLE001 - any compile failure: fall back, as documented
                 self.flex_broken = True
                 reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                self.warn_once(f"FlexAttention failed for {type(self.encoding).__name__} ({reason}); using sdpa")
-        if plan.backend == "flex":  # broken this pass: re-plan without flex
+                name = type(self.encoding).__name__
+                self.warn_once(f"FlexAttention failed for {name} ({reason}); using {self.flex_fallback}")
+        if plan.backend == "flex":  # broken this pass: re-plan without flex (eager for layer terms: ``pick``)
             plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
         return dense_attention(q, k, v, plan, self.encoding, terms, state)
 
@@ -256,8 +265,11 @@ class Attention:
         q, k = self.encoding.rotate(q, k, plan.positions)
         return (q, *cache.extend(k, v, state))
 
-    def flex(self, q: Tensor, k: Tensor, v: Tensor, plan: Plan) -> Tensor:
-        """FlexAttention on q, k, v zero-padded to whole blocks (docs/performance.md, "Design notes").
+    def flex(
+        self, q: Tensor, k: Tensor, v: Tensor, plan: Plan, terms: LayerTerms | None = None, state: Tensor | None = None
+    ) -> Tensor:
+        """FlexAttention on q, k, v zero-padded to whole blocks (docs/performance.md, "Design notes"), with the
+        encoding's bias and the layer's ``terms`` (their ``score_mod`` of ``state``, padded as well).
 
         Padded keys come after every real query, so the causal mask hides them; the padded
         copies are also contiguous, which the compiled kernel needs.
@@ -267,5 +279,10 @@ class Attention:
         score_mod = self.score_mod
         if not plan.positions_are_indices and score_mod is not None:  # a row of positions per sequence, padded too
             score_mod = bias_score_mod(self.encoding, F.pad(plan.positions.expand(len(q), -1), (0, pad)))
+        if terms is not None:  # padded tokens' state: zeros, read only where the block mask hides them
+            content = terms.score_mod(F.pad(state, (0, pad)))
+            if content is None:  # dropping the terms would be silently wrong: fail, and fall back to eager
+                raise TypeError(f"{type(terms).__name__}.score_mod gave None, yet terms_on_flex is set")
+            score_mod = composed(score_mod, content)
         out = flex_kernel()(*padded, score_mod=score_mod, block_mask=plan.block_mask)
         return out[:, :, : plan.seq_len]

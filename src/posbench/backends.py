@@ -2,7 +2,8 @@
 
 * ``eager_attention``: scores, materialised mask, softmax; the reference and the benchmark baseline.
 * ``sdpa_attention``: ``scaled_dot_product_attention`` with the same float mask, or ``is_causal``.
-* ``flex_kernel`` with ``bias_score_mod``: FlexAttention, the encoding's bias computed inside the kernel.
+* ``flex_kernel`` with ``bias_score_mod``: FlexAttention, the encoding's bias computed inside the kernel
+  (``composed`` with the layer's content terms where they give a ``score_mod``: FoX).
 * ``content_attention``: eager, through an encoding's per-layer ``LayerTerms`` (its logits hook and its
   weights in place of softmax); the one kernel that serves encodings that read the tokens.
 """
@@ -97,6 +98,17 @@ def bias_score_mod(encoding: PositionEncoding, positions: Tensor | None = None):
         return score + encoding.bias_at(head, positions[batch, q_idx], positions[batch, kv_idx])
 
     return score_mod if positions is None else score_mod_at_positions
+
+
+def composed(first, then):
+    """The score_mod applying ``first`` and then ``then`` (either may be ``None``: the other alone)."""
+    if first is None or then is None:
+        return then if first is None else first
+
+    def both(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return then(first(score, batch, head, q_idx, kv_idx), batch, head, q_idx, kv_idx)
+
+    return both
 
 
 def content_attention(

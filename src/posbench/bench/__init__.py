@@ -169,8 +169,8 @@ def measure_model(cfg: BenchConfig, device, name: str, backend: str, precision: 
     rows = []
     for compile_ in compiled:
         model = bench_model(cfg, name, backend, precision, compile_, device)
-        if backend != "eager" and model.encoding.has_layer_terms:  # it would time eager under another name
-            reason = f"{name} computes through its layers' content terms, which only the eager backend serves"
+        if not serves_terms(model.encoding, backend):  # it would time eager under another name
+            reason = f"{name} computes through its layers' content terms, which the {backend} backend cannot serve"
             row = dict(encoding=name, backend=backend, phase="train", seq_len=cfg.train_len, batch=cfg.train_batch)
             return [dict(row, status="skipped", reason=reason, precision=precision, compile=compile_)]
         if cfg.train_steps:
@@ -180,6 +180,14 @@ def measure_model(cfg: BenchConfig, device, name: str, backend: str, precision: 
             rows += [dict(row, compile=compile_) for row in time_evaluation(model, cfg, device, name, backend, peak)]
             rows += [dict(row, compile=compile_) for row in time_decoding(model, cfg, device, name, backend, peak)]
     return [dict(row, precision=precision) for row in rows]
+
+
+def serves_terms(encoding, backend: str) -> bool:
+    """Whether ``backend`` computes the encoding's layer terms (if any): eager always, flex and ``auto`` where
+    the terms give a score_mod (``PositionEncoding.terms_on_flex``), sdpa never."""
+    if not encoding.has_layer_terms or backend == "eager":
+        return True
+    return backend != "sdpa" and encoding.terms_on_flex
 
 
 def measure_xtransformers(cfg: BenchConfig, device, name: str, precision: str, peak: float) -> list[dict]:

@@ -123,6 +123,13 @@ class LayerTerms(nn.Module):
         """Attention weights (B, H, Q, K) over the keys; hidden keys have logit -inf and must get 0."""
         return logits.softmax(dim=-1)
 
+    def score_mod(self, state: Tensor | None) -> Callable | None:
+        """What ``logits`` adds to the scores, as a FlexAttention ``score_mod(score, batch, head, q_idx, kv_idx)``
+        reading ``state`` (B, H, T'), ``prepare``'s zero-padded to flex's whole blocks; ``None``: these terms
+        run on eager alone (their weights are not a softmax, or their logits need more than one score).
+        An encoding whose terms give one says so without building them (``PositionEncoding.terms_on_flex``)."""
+        return None
+
 
 class PositionEncoding(nn.Module):
     #: The encoding's config dataclass, a subclass of EncodingConfig; the default of its ``name`` field
@@ -231,6 +238,10 @@ class PositionEncoding(nn.Module):
         """A new :class:`LayerTerms` for one layer (the model calls it once per layer), or ``None``: the
         layers attend by ``rotate`` and ``bias_at`` alone, on any backend."""
         return None
+
+    #: With layer terms: True when they give a ``score_mod`` (``LayerTerms.score_mod``), so that flex may run
+    #: them; attention decides by this before it sees a layer's terms.
+    terms_on_flex: ClassVar[bool] = False
 
     #: With layer terms: the fp32 tensors of the scores' size (B, H, Q, K) they hold at once (scores, logits,
     #: log-sigmoids, cumulative sums, weights), by which their query blocks are made smaller than others'.

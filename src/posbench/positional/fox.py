@@ -20,6 +20,7 @@ logit to fp32 before the log-sigmoid): the cumulative sums add thousands of valu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -58,10 +59,19 @@ class ForgetGate(LayerTerms):
         c = state.cumsum(-1)  # (B, H, T): c_t = Σ_{l≤t} log f_l over every token so far
         return scores + bias + (c[..., q_idx, None] - c[..., None, k_idx])  # (B, H, Q, K)
 
+    def score_mod(self, state: Tensor) -> Callable:
+        c = state.cumsum(-1)  # as in ``logits``, once per pass; fp32 at least (``prepare``)
+
+        def add_decay(score: Tensor, batch: Tensor, head: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + (c[batch, head, q_idx] - c[batch, head, kv_idx])
+
+        return add_decay
+
 
 class FoX(PositionEncoding):
     config_class = FoXConfig
     reads_positions = False  # its terms count by the content alone
+    terms_on_flex = True  # D_ij is one term added to each score: ``ForgetGate.score_mod``
 
     def __init__(self, cfg: FoXConfig, dims: Dimensions):
         super().__init__(cfg, dims)
