@@ -92,8 +92,10 @@ def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch, build):
     assert_same(*full, *nll_and_grads(lm, x, y))
 
 
-#: Encodings whose layers compute terms of their own (``layer_terms``): eager only, whatever was asked.
+#: Encodings whose layers compute terms of their own (``layer_terms``): eager only, whatever was asked, but
+#: for those whose terms run on flex too (``terms_on_flex``: FoX).
 CONTENT = [name for name, (_, cls) in ENCODINGS.items() if cls.layer_terms is not PositionEncoding.layer_terms]
+EAGER_ONLY = [name for name in CONTENT if not ENCODINGS[name][1].terms_on_flex]
 
 
 @pytest.mark.slow
@@ -184,6 +186,26 @@ def test_auto_picks_flex_only_to_evaluate_long_sequences_with_bias():
     assert plan.backend == "sdpa" and plan.mask is None and plan.query_block is not None
 
 
+def test_auto_runs_fox_on_flex_only_to_evaluate_long_sequences_and_never_on_sdpa():
+    """FoX's terms fit flex's score_mod (``terms_on_flex``); sdpa cannot compute them, nor flex stick-breaking's."""
+    cpu, long = torch.device("cpu"), attention_mod.FLEX_AUTO_MIN_LEN
+    auto = Attention("auto", encoding("fox"))
+    assert auto.pick(long, cpu, needs_grad=False, dropout_p=0.0) == "flex"
+    assert auto.pick(long - 1, cpu, needs_grad=False, dropout_p=0.0) == "eager"
+    assert auto.pick(long, cpu, needs_grad=True, dropout_p=0.0) == "eager"  # training: no flex backward on CPU
+    assert Attention("auto", encoding("stickbreaking")).pick(long, cpu, needs_grad=False, dropout_p=0.0) == "eager"
+    auto.flex_broken = True
+    assert auto.plan(long, cpu, needs_grad=False, dropout_p=0.0).backend == "eager"
+
+
+def test_fox_asked_for_flex_trains_on_eager_with_one_warning(caplog):
+    flex = Attention("flex", encoding("fox"))
+    with caplog.at_level(logging.WARNING):
+        picks = [flex.pick(64, torch.device("cpu"), needs_grad=True, dropout_p=0.0) for _ in range(3)]
+    assert picks == ["eager"] * 3
+    assert len([r for r in caplog.records if "no backward on CPU; using eager" in r.message]) == 1
+
+
 def test_long_sequences_never_build_the_full_mask():
     """16,384 tokens, 8 heads: a dense fp32 mask would be 8 GiB; blocks of queries stay within budget."""
     cpu = torch.device("cpu")
@@ -207,6 +229,18 @@ def test_flex_that_cannot_run_falls_back_to_sdpa_with_one_warning(monkeypatch, c
     torch.testing.assert_close(out, sdpa(q, k, v, sdpa.plan(16, cpu, False, 0.0)))
     assert len([r for r in caplog.records if "FlexAttention failed" in r.message]) == 1
     assert flex.pick(16, cpu, needs_grad=False, dropout_p=0.0) == "sdpa"
+
+
+def test_fox_on_flex_that_cannot_run_falls_back_to_eager(monkeypatch, build):
+    def broken_kernel():
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(attention_mod, "flex_kernel", broken_kernel)
+    x, y = batch()
+    flex, eager = build("fox", "flex").eval(), build("fox", "eager").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(flex.token_nll(x, y), eager.token_nll(x, y), atol=1e-6, rtol=1e-6)
+    assert flex.attention.flex_broken
 
 
 def test_flex_with_gradients_on_cpu_uses_sdpa_and_warns_once(caplog):
@@ -240,10 +274,10 @@ def test_attention_dropout_of_one_drops_every_weight():
     assert plan.dropout_p == 1.0 and torch.count_nonzero(sdpa(q, k, v, plan)) == 0
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
-@pytest.mark.parametrize("name", CONTENT)
+@pytest.mark.parametrize("name, backend", [*((name, "sdpa") for name in CONTENT), *((n, "flex") for n in EAGER_ONLY)])
 def test_layer_terms_run_on_eager_with_one_warning(name, backend, build, caplog):
-    """sdpa and flex cannot call a layer's terms: the pass runs on eager instead, and says so once."""
+    """sdpa cannot call a layer's terms, nor flex those without a score_mod: the pass runs on eager instead,
+    and says so once."""
     x, y = batch()
     lm = build(name, backend)
     with caplog.at_level(logging.WARNING, logger="posbench.attention"):

@@ -137,9 +137,19 @@ def test_every_row_in_each_precision_against_that_precision_s_peak(tmp_path, mon
 
 
 def test_a_content_encoding_is_timed_on_eager_alone_and_other_backends_say_why(tmp_path):
-    """FoX computes through its layers' terms, which only eager serves: an sdpa row would time eager."""
+    """FoX computes through its layers' terms, which sdpa cannot serve: an sdpa row would time eager."""
     table = bench(bench_config("encodings=[fox]", "backends=[eager,sdpa]", "eval_lens=[16]"), tmp_path)
     sdpa, eager = table[table.backend == "sdpa"], table[table.backend == "eager"]
-    assert len(sdpa) == 1 and sdpa.status.eq("skipped").all() and "only the eager backend" in sdpa.reason.iloc[0]
+    assert len(sdpa) == 1 and sdpa.status.eq("skipped").all() and "the sdpa backend cannot" in sdpa.reason.iloc[0]
     assert eager.status.eq("ok").any() and (eager[eager.status == "ok"].tokens_per_s > 0).all()
-    assert "only the eager backend" in (tmp_path / "bench.md").read_text()
+    assert "the sdpa backend cannot" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.slow
+def test_foxs_flex_rows_run_and_stick_breakings_say_why(tmp_path):
+    """FoX's terms run on flex (``terms_on_flex``): its evaluation is timed there; stick-breaking's cannot."""
+    table = bench(bench_config("encodings=[fox,stickbreaking]", "backends=[flex]", "eval_lens=[16]"), tmp_path)
+    fox, stickbreaking = table[table.encoding == "fox"], table[table.encoding == "stickbreaking"]
+    assert fox[fox.phase == "eval"].status.eq("ok").all() and fox[fox.phase == "eval"].tokens_per_s.gt(0).all()
+    assert fox[fox.phase == "train"].reason.eq("FlexAttention has no backward on CPU").all()
+    assert len(stickbreaking) == 1 and "the flex backend cannot" in stickbreaking.reason.iloc[0]
