@@ -2,12 +2,13 @@
 The kernels are in backends.py.
 
 * ``eager``: scores, materialised bias, masked softmax; the reference and the benchmark baseline.
-  Encodings with per-layer content terms (``PositionEncoding.layer_terms``) run here only, through
-  their logits hook and weights (``backends.content_attention``).
+  Encodings with per-layer content terms (``PositionEncoding.layer_terms``) run here, through
+  their logits hook and weights (``backends.content_attention``), and on flex where it can serve them.
 * ``sdpa``: ``scaled_dot_product_attention``; ``is_causal`` without bias, else a float mask
   built once per length and cached.
 * ``flex``: FlexAttention with the bias computed inside the kernel from the encoding's
-  ``bias_at`` (never materialised) and a causal block mask cached per length.
+  ``bias_at`` (never materialised) and a causal block mask cached per length; also the layer's
+  content terms where they give a ``score_mod`` (``PositionEncoding.terms_on_flex``: FoX).
 * ``auto``: the rule below (``Attention.pick``), set by what ``posbench bench`` measured.
 
 A dense bias grows as T²: past ``MASK_BUDGET`` bytes the eager and sdpa backends build it
@@ -65,8 +66,8 @@ def attention_problems(backend: str, logn_train_len: int | None) -> list[str]:
 class Attention:
     """The model's attention: rotates q and k, resolves the backend per pass, caches per-length masks.
 
-    ``backend``: one of ``BACKENDS``. ``flex`` falls back to ``sdpa`` (one warning) where it
-    cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
+    ``backend``: one of ``BACKENDS``. ``flex`` falls back to ``sdpa`` (eager for layer terms; one warning)
+    where it cannot run: gradients on CPU (FlexAttention has no CPU backward), attention dropout
     (flex has none), or a score_mod that does not compile.
 
     ``observer``: when set, called as ``observer(q, k, terms, state)`` by every layer in turn with its rotated

@@ -15,6 +15,10 @@ block's output gate, output norm, QK-norm and key/value shift, and the data-inde
 readers who want slower forgetting at the start. As in the reference, the key/value cache keeps each token's
 log f beside its key and value. The gate is computed in fp32 under autocast (the reference casts its
 logit to fp32 before the log-sigmoid): the cumulative sums add thousands of values.
+
+D_ij is one term added to each score, so FoX also runs on FlexAttention (``ForgetGate.score_mod``, the
+cumulative sums captured): ``model.attention=flex``, and ``auto`` to evaluate long sequences, where it was
+measured faster than eager (docs/performance.md).
 """
 
 from __future__ import annotations
