@@ -44,7 +44,7 @@ MASK_BUDGET = 256 * 2**20
 
 
 #: ``auto`` runs flex from this length up for evaluation of bias encodings, where ``bench`` measured it
-#: faster than sdpa (docs/performance.md, "Design notes").
+#: faster than sdpa, and of FoX, faster than eager (docs/performance.md, "Design notes").
 FLEX_AUTO_MIN_LEN = 4096
 
 #: ``auto`` trains with eager up to this length on CPU under bf16 autocast without attention dropout,
