@@ -125,9 +125,9 @@ class LayerTerms(nn.Module):
 
     def score_mod(self, state: Tensor | None) -> Callable | None:
         """What ``logits`` adds to the scores, as a FlexAttention ``score_mod(score, batch, head, q_idx, kv_idx)``
-        reading ``state`` (B, H, T'), ``prepare``'s zero-padded to flex's whole blocks; ``None``: these terms
-        run on eager alone (their weights are not a softmax, or their logits need more than one score).
-        An encoding whose terms give one says so without building them (``PositionEncoding.terms_on_flex``)."""
+        reading ``state`` (B, H, T'), ``prepare``'s zero-padded to flex's whole blocks; ``None`` (the default):
+        these terms run on eager alone. An encoding whose terms give one says so without building them
+        (``PositionEncoding.terms_on_flex``): only a softmax of one term per score fits flex."""
         return None
 
 
