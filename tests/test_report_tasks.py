@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pandas as pd
 
 from posbench.report import report
+from posbench.report.tasks import task_heatmaps
 from posbench.runfolder import TASK_RESULTS, ModelState, merge_rows
 
 
@@ -40,4 +44,47 @@ def test_task_runs_alone_make_a_table_and_a_figure_per_task(tmp_path):
     assert "| alibi |  | 64 | 64 | 2 of 3 | 0.733 | 300 | 400 | 500 |" in text  # learned_step: of the learned
     assert "| rope |  | 64 | 64 | 0 of 1 | 0.200 |  | 400 | 500 |" in text
     assert (out / "task_passkey.png").is_file() and (out / "task_passkey.svg").is_file()
+    assert (out / "task_passkey_heatmap.png").is_file() and (out / "task_passkey_heatmap.svg").is_file()
     assert len(pd.read_csv(out / "task_results.csv")) == 16
+
+
+def summary_row(encoding, length, distance, accuracy=float("nan"), seeds=1, not_learned=0, unsupported=0):
+    """A row of task_summary: one line's accuracy at (eval_len, distance)."""
+    line = dict(task="passkey", encoding=encoding, variant="", train_len=64, train_lengths="64")
+    return (
+        line
+        | dict(eval_len=length, distance=distance, accuracy_mean=accuracy, accuracy_std=0.0, seeds=seeds)
+        | dict(not_learned=not_learned, unsupported=unsupported)
+    )
+
+
+def test_heat_maps_hold_accuracy_by_distance_row_and_eval_len_with_the_longest_last():
+    summary = pd.DataFrame(
+        [
+            summary_row("alibi", 64, 0, 1.0),
+            summary_row("alibi", 64, 55, 0.9),  # longest at 64
+            summary_row("alibi", 128, 0, 0.5),
+            summary_row("alibi", 128, 64, 0.7),  # at 128 alone, but not its longest: a row of its own
+            summary_row("alibi", 128, 119, 0.25),  # longest at 128
+            summary_row("learned", 64, 0, 1.0),
+            summary_row("learned", 64, 55, 0.8),
+            summary_row("learned", 256, 0, seeds=0, unsupported=1),
+            summary_row("learned", 256, 247, seeds=0, unsupported=1),
+            *(summary_row("rope", n, d, seeds=0, not_learned=2) for n, d in [(64, 0), (64, 55), (128, 0), (128, 119)]),
+        ]
+    )
+    alibi, learned, rope = task_heatmaps(summary)
+    assert [m.name for m in (alibi, learned, rope)] == ["alibi", "learned", "rope"]
+    for heatmap in (alibi, learned, rope):
+        assert list(heatmap.accuracy.index) == [0, 64, math.inf] and list(heatmap.accuracy.columns) == [64, 128, 256]
+    nan = float("nan")
+    expected = [[1.0, 0.5, nan], [nan, 0.7, nan], [0.9, 0.25, nan]]
+    np.testing.assert_array_equal(alibi.accuracy.to_numpy(), expected)
+    assert alibi.learned and not alibi.unsupported.to_numpy().any()
+    np.testing.assert_array_equal(learned.accuracy.to_numpy(), [[1.0, nan, nan], [nan, nan, nan], [0.8, nan, nan]])
+    assert learned.unsupported.to_numpy().tolist() == [
+        [False, False, True],
+        [False, False, False],
+        [False, False, True],
+    ]
+    assert learned.learned and not rope.learned and rope.accuracy.isna().all().all()

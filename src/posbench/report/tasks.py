@@ -2,8 +2,9 @@
 
 ``collect_tasks`` reads the rows (a task run has no results.csv: it is read here, not by ``collect_runs``),
 ``task_summary`` averages over seeds, ``task_markdown`` writes a table per task of accuracy against eval_len
-and distance, and ``draw_task_figures`` a figure per task, ``task_<name>``: accuracy against distance /
-train_len, a panel per eval_len, a line per encoding and variant.
+and distance, ``draw_task_figures`` a figure per task, ``task_<name>``: accuracy against distance /
+train_len, a panel per eval_len, a line per encoding and variant, and ``draw_task_heatmaps`` a second,
+``task_<name>_heatmap``: a heat map per line of accuracy by distance and eval_len (``task_heatmaps``).
 
 A seed that did not learn its task (status ``not_learned``) is not averaged in; a cell whose seeds all
 failed to learn says so, as does one whose length the encoding cannot serve.
@@ -11,19 +12,31 @@ failed to learn says so, as does one whose length the encoding cannot serve.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from ..markdown import markdown_table
 from ..runfolder import TASK_RESULTS
 from .collect import collect_finished_rows
-from .figures import line_styles, plain_ticks, save_figure
+from .figures import PANELS_PER_ROW, line_styles, plain_ticks, save_figure
+from .tables import label, line_key
 
 #: What one line of the task table and figures is: a model as trained and as evaluated.
 TASK_LINE = ["task", "encoding", "variant", "train_len", "train_lengths"]
 GEOMETRY = ["eval_len", "distance"]
+#: The heat maps' last distance row: per eval_len, the largest distance held there alone.
+LONGEST = math.inf
+#: Heat map panels of more cells than this leave the numbers out: they would not be legible.
+MAX_ANNOTATED_CELLS = 80
 
 
 def collect_tasks(root: Path) -> tuple[pd.DataFrame, dict[Path, str]]:
@@ -78,14 +91,20 @@ def cell(row: pd.Series) -> str:
     return "not learned" if row["not_learned"] else "unsupported"
 
 
+def shared_distances(df: pd.DataFrame) -> list:
+    """A task's distances measured at several eval_lens (all of them where there is one eval_len); each of
+    the others is measured at one eval_len alone, and tables put it under ``longest``."""
+    lengths_at = df.groupby("distance")["eval_len"].nunique()
+    return sorted(lengths_at.index[(lengths_at > 1) | (df["eval_len"].nunique() == 1)])
+
+
 def task_markdown(summary: pd.DataFrame, raw: pd.DataFrame) -> list[str]:
     """summary.md's sections: per task, accuracy (exact match of the answer) by line and eval_len against
     distance; a distance measured at one eval_len alone (by default the longest each holds, the source at
     the very start) goes to the column ``longest``, its value beside the accuracy."""
     sections = []
     for task, df in summary.groupby("task"):
-        lengths_at = df.groupby("distance")["eval_len"].nunique()
-        shared = sorted(lengths_at.index[(lengths_at > 1) | (df["eval_len"].nunique() == 1)])
+        shared = shared_distances(df)
         rows = []
         for key, group in df.groupby(["encoding", "variant", "train_len", "eval_len"]):
             cells = dict(zip(group["distance"], group.apply(cell, axis=1)))
@@ -149,3 +168,92 @@ def draw_task_figures(summary: pd.DataFrame, colours: dict[str, str], out: Path)
         fig.suptitle(f"Task {task}: accuracy against distance (dotted: train_len; learned seeds only)")
         fig.tight_layout()
         save_figure(fig, out / f"task_{task}.png")
+
+
+@dataclass
+class HeatMap:
+    """One panel of task_<name>_heatmap: a line's accuracy by distance row (rows: ``heatmap_rows``) and
+    eval_len, NaN where nothing was measured; ``unsupported`` where the encoding cannot serve the length."""
+
+    name: str
+    train_len: int
+    accuracy: pd.DataFrame
+    unsupported: pd.DataFrame
+    learned: bool
+
+
+def heatmap_rows(df: pd.DataFrame) -> pd.Series:
+    """Each summary row's row on a task's heat maps: its distance, or ``LONGEST`` for the largest distance a
+    line holds alone at an eval_len (the source at the start: eval_len − 9 by default, one row for all lengths)."""
+    alone = ~df["distance"].isin(shared_distances(df))
+    largest = df[alone].groupby([*TASK_LINE, "eval_len"])["distance"].transform("max")
+    longest = alone & (df["distance"] == largest.reindex(df.index))
+    return df["distance"].astype(float).mask(longest, LONGEST)
+
+
+def task_heatmaps(df: pd.DataFrame) -> list[HeatMap]:
+    """A heat map per line of one task's summary rows, all on the same rows and eval_lens."""
+    df = df.assign(row=heatmap_rows(df), cannot=(df["seeds"] == 0) & (df["unsupported"] > 0))
+    rows, lengths = sorted(df["row"].unique()), sorted(df["eval_len"].unique())
+    # lines of one encoding and variant trained at other lengths: their titles name the training lengths
+    several = df[TASK_LINE[1:]].drop_duplicates().duplicated(["encoding", "variant"]).any()
+    maps = []
+    for key, line in sorted(df.groupby(TASK_LINE[1:]), key=lambda item: line_key(item[0])):
+        encoding, variant, train_len, train_lengths = key
+        name = label(encoding, variant, train_len, train_lengths=train_lengths) if several else label(encoding, variant)
+        # a line none of whose seeds learned the task has no number anywhere: its panel says so, rather than vanish
+        learned = bool(line["seeds"].sum()) or not line["not_learned"].sum()
+        # as numbers: a cell absent from the line is NaN in both, so not unsupported either (NaN == 1 is False)
+        cells = line.pivot(index="row", columns="eval_len", values=["accuracy_mean", "cannot"]).astype(float)
+        accuracy, cannot = (
+            cells[column].reindex(index=rows, columns=lengths) for column in ("accuracy_mean", "cannot")
+        )
+        maps.append(HeatMap(name, int(train_len), accuracy, cannot == 1, learned))
+    return maps
+
+
+def draw_heatmap(ax, heatmap: HeatMap, colours) -> None:
+    """One line's panel: a cell per (distance row, eval_len), its accuracy written in where cells are few
+    enough to hold it; unsupported cells hatched; a line that never learned the task greyed and said so."""
+    accuracy = heatmap.accuracy.to_numpy(dtype=float)
+    ax.imshow(accuracy, cmap=colours, vmin=0, vmax=1, aspect="auto")
+    annotate = accuracy.size <= MAX_ANNOTATED_CELLS
+    for (i, j), value in np.ndenumerate(accuracy):
+        if heatmap.unsupported.iat[i, j]:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.5", linewidth=0))
+        elif annotate and not np.isnan(value):
+            ink = "white" if value < 0.5 else "black"  # legible on viridis' dark low and light high end
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6.5, color=ink)
+    if not heatmap.learned:
+        ax.set_facecolor("0.8")
+        ax.text(0.5, 0.5, "no seed learned the task", transform=ax.transAxes, ha="center", va="center", fontsize=8)
+    ax.set_title(heatmap.name + ("" if heatmap.learned else " (not learned)"), fontsize=10)
+    lengths, distances = heatmap.accuracy.columns, heatmap.accuracy.index
+    ax.set_xticks(range(len(lengths)), [f"{n}\n{n / heatmap.train_len:g}×" for n in lengths], fontsize=7)
+    ax.set_yticks(range(len(distances)), ["longest" if d == LONGEST else f"{d:g}" for d in distances], fontsize=7)
+    ax.set_xlabel(f"eval_len (× train_len {heatmap.train_len})", fontsize=8)
+    ax.set_ylabel("distance", fontsize=8)
+
+
+def draw_task_heatmaps(summary: pd.DataFrame, out: Path) -> None:
+    """task_<name>_heatmap.png/.svg: a panel per line, accuracy by distance and eval_len, one colour scale."""
+    # not measured: transparent, so the panel's background shows (white, or grey where nothing was learned)
+    colours = colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
+    for task, df in summary.groupby("task"):
+        maps = task_heatmaps(df)
+        rows, columns = -(-len(maps) // PANELS_PER_ROW), min(len(maps), PANELS_PER_ROW)
+        # at least wide enough for the title's key, for a task of a line or two
+        fig = Figure(figsize=(max(3.4 * columns + 1.2, 7.5), 3.2 * rows + 0.8), layout="constrained")
+        axes = fig.subplots(rows, columns, squeeze=False).flatten()
+        for ax, heatmap in zip(axes, maps):
+            draw_heatmap(ax, heatmap, colours)
+        for ax in axes[len(maps) :]:
+            ax.set_visible(False)
+        scale = ScalarMappable(Normalize(0, 1), colours)
+        fig.colorbar(scale, ax=axes, shrink=0.7 if rows > 1 else 0.9, label="accuracy (exact match)")
+        fig.suptitle(
+            f"Task {task}: accuracy by distance and eval_len, mean over the seeds that learned it\n"
+            "longest: the source at the start; blank: not measured; hatched: length unsupported",
+            fontsize=11,
+        )
+        save_figure(fig, out / f"task_{task}_heatmap.png")
