@@ -92,6 +92,32 @@ def test_query_blocks_equal_the_full_mask(name, backend, monkeypatch, build):
     assert_same(*full, *nll_and_grads(lm, x, y))
 
 
+@pytest.mark.parametrize("name", ["dape", "alibi"])
+def test_query_blocks_go_last_first_so_each_needs_no_more_memory_than_the_last(name, monkeypatch, build):
+    """Growing blocks (first first) each left the allocator's free space too small for the next: on CPU glibc's
+    heap grew by every block (12 GB for DAPE at 16,384 tokens). Last first, each fits where the last was."""
+    from posbench import backends
+
+    keys_seen = []
+
+    def recording_mask(encoding, q_idx, k_idx, *args):
+        keys_seen.append(len(k_idx))
+        return causal_mask(encoding, q_idx, k_idx, *args)
+
+    lm = build(name, "eager")
+    factor = lm.encoding.logit_memory_factor if lm.encoding.has_layer_terms else 1
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", int(4 * lm.encoding.n_heads * SEQ * 7 * factor))
+    monkeypatch.setattr(backends, "causal_mask", recording_mask)
+    lm = build(name, "eager")
+    x, _ = batch()
+    with torch.no_grad():
+        expected = lm(x)
+    layer = keys_seen[: -(-SEQ // 7)]  # the first layer's blocks
+    assert layer == sorted(layer, reverse=True) and layer[0] == SEQ and layer[-1] == 7
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", 2**40)  # one block: the full mask
+    torch.testing.assert_close(build(name, "eager")(x), expected)
+
+
 #: Encodings whose layers compute terms of their own (``layer_terms``): eager only, whatever was asked, but
 #: for those whose terms run on flex too (``terms_on_flex``: FoX).
 CONTENT = [name for name, (_, cls) in ENCODINGS.items() if cls.layer_terms is not PositionEncoding.layer_terms]

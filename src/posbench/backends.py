@@ -153,13 +153,19 @@ def dense_attention(
         return attend(q, k, v, plan.mask, k_idx[k.shape[-2] - q.shape[-2] :], k_idx)
     idx = torch.arange(plan.seq_len, device=q.device)
     bias_positions = None if plan.positions_are_indices else plan.positions
-    out = []
-    for s in range(0, plan.seq_len, plan.query_block):
+    # Last block first, filled in place: each block then needs no more memory than the one before freed, so
+    # the allocator reuses it (first block first, and gathered by torch.cat, glibc's heap grew by every block:
+    # 12 GB for DAPE at 16,384 tokens; docs/performance.md).
+    out = None
+    for s in reversed(range(0, plan.seq_len, plan.query_block)):
         e = min(plan.seq_len, s + plan.query_block)  # queries s..e-1 see the sinks and keys lo..e-1
         lo = max(0, plan.reach.oldest_key(s))  # older keys: hidden from every query here
         sinks = min(plan.reach.sink, lo)  # sink keys before lo (later ones are among lo..e-1)
         keys = torch.cat([idx[:sinks], idx[lo:e]])
         mask = causal_mask(encoding, idx[s:e], keys, plan.reach, bias_positions)  # (B|1, H|1, e-s, K)
         k_seen, v_seen = (k[:, :, lo:e], v[:, :, lo:e]) if sinks == 0 else (k[:, :, keys], v[:, :, keys])
-        out.append(attend(q[:, :, s:e], k_seen, v_seen, mask, idx[s:e], keys))
-    return torch.cat(out, dim=2)  # (B, H, T, hd)
+        block = attend(q[:, :, s:e], k_seen, v_seen, mask, idx[s:e], keys)
+        if out is None:  # its dtype is the kernel's (bf16 under autocast)
+            out = block.new_empty(*block.shape[:2], plan.seq_len, block.shape[-1])  # (B, H, T, hd)
+        out[:, :, s:e] = block
+    return out
