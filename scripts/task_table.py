@@ -1,0 +1,68 @@
+"""Print the task table of docs/results.md from a report folder: one row per model, the step it learned its task,
+and for each eval_len the accuracy with the source right before the query (d = 0) and at the start of the
+sequence (the longest distance), as ``d0 / longest``.
+
+    python scripts/task_table.py docs/results/runs/tasks0/report --task passkey
+
+Reads the report's task_summary.csv and task_results.csv (what ``posbench report`` writes): means over the seeds
+that learned the task; a model no seed learned gets ``not learned`` and the best validation accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from posbench.markdown import markdown_table
+
+MODEL = ["encoding", "variant", "train_len"]
+
+
+def cell(group: pd.DataFrame) -> str:
+    """``d0 / longest`` of one (model, eval_len); ``unsupported`` when the encoding cannot serve the length."""
+    if (group["unsupported"] > 0).all():
+        return "unsupported"
+    by_distance = group.set_index("distance")["accuracy_mean"]
+    return f"{by_distance.loc[by_distance.index.min()]:.2f} / {by_distance.loc[by_distance.index.max()]:.2f}"
+
+
+def learned(results: pd.DataFrame) -> str:
+    """The seeds that learned the task, and the first validation step at which each did."""
+    runs = results.drop_duplicates("run_id")
+    ok = runs[runs["learned_step"].notna() & (runs["status"] != "not_learned")]
+    if ok.empty:
+        return f"not learned (best {runs['valid_accuracy'].max():.2f})"
+    steps = ", ".join(f"{int(step):,}" for step in sorted(ok["learned_step"]))
+    return f"{len(ok)} of {len(runs)} (step {steps})"
+
+
+def table(report: Path, task: str) -> str:
+    # the variant as trained is empty: read as text, so that it is a group of its own
+    summary, results = (pd.read_csv(report / name, dtype={"variant": str}).fillna({"variant": ""})
+                        for name in ("task_summary.csv", "task_results.csv"))  # fmt: skip
+    summary, results = summary[summary["task"] == task], results[results["task"] == task]
+    lengths = sorted(summary["eval_len"].unique())
+    rows = []
+    for model, group in summary.groupby(MODEL, sort=True):
+        name = model[0] + (f" ({model[1]})" if model[1] else "")
+        learned_by = learned(results[(results[MODEL] == pd.Series(model, index=MODEL)).all(axis=1)])
+        seen = group["seeds"].max() > 0
+        cells = [cell(group[group["eval_len"] == n]) if seen else "" for n in lengths]
+        rows.append([name, learned_by, *cells])
+    train_len = int(summary["train_len"].iloc[0])
+    header = ["encoding", "learned"] + [f"{n} ({n // train_len}×)" for n in lengths]
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("report", type=Path, help="a report folder (posbench report DIR writes DIR/report)")
+    parser.add_argument("--task", required=True)
+    args = parser.parse_args()
+    print(table(args.report, args.task))
+
+
+if __name__ == "__main__":
+    main()
