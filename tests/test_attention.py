@@ -311,3 +311,20 @@ def test_layer_terms_run_on_eager_with_one_warning(name, backend, build, caplog)
             assert lm.attention.pick(SEQ, x.device, True, 0.0) == "eager"
     assert len([r for r in caplog.records if "using eager" in r.getMessage()]) == 1
     assert_same(*nll_and_grads(build(name, "eager"), x, y), *nll_and_grads(lm, x, y))
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_which_backends_compute_layer_terms_and_what_flex_falls_back_to(name):
+    """eager computes every encoding; sdpa none with layer terms; flex only FoX's (a score_mod): a request that
+    cannot serve the terms runs eager, and bench skips it rather than time eager under its name."""
+    from posbench.attention import computes_terms
+
+    content = name in CONTENT
+    for backend, expected in [("eager", True), ("sdpa", not content), ("flex", not content or name == "fox")]:
+        assert (
+            computes_terms(build_encoding({"name": name}, n_heads=4, head_dim=8, d_model=32, train_len=SEQ), backend)
+            == expected
+        )
+    if content:
+        attention = Attention("flex", build_encoding({"name": name}, n_heads=4, head_dim=8, d_model=32, train_len=SEQ))
+        assert attention.pick(8192, torch.device("cpu"), False, 0.0) == ("flex" if name == "fox" else "eager")

@@ -63,6 +63,14 @@ def attention_problems(backend: str, logn_train_len: int | None) -> list[str]:
     return found
 
 
+def computes_terms(encoding: PositionEncoding, backend: str) -> bool:
+    """Whether ``backend`` computes the encoding's layer terms, if it has any: eager always, sdpa never, flex (and
+    ``auto``, which would pick it) only terms that give a ``score_mod`` (``PositionEncoding.terms_on_flex``)."""
+    if not encoding.has_layer_terms or backend == "eager":
+        return True
+    return backend != "sdpa" and encoding.terms_on_flex
+
+
 class Attention:
     """The model's attention: rotates q and k, resolves the backend per pass, caches per-length masks.
 
@@ -124,7 +132,7 @@ class Attention:
         Encodings with layer terms never run on sdpa, nor on flex unless ``terms_on_flex``: eager, whatever was
         asked (one warning)."""
         terms, on_flex = self.encoding.has_layer_terms, self.encoding.terms_on_flex
-        if terms and (self.backend == "sdpa" or self.backend == "flex" and not on_flex):
+        if self.backend in ("sdpa", "flex") and not computes_terms(self.encoding, self.backend):
             name = type(self.encoding).__name__
             self.warn_once(f"model.attention={self.backend}: {name} computes per-layer terms; using eager")
             return "eager"

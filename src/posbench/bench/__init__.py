@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from ..attention import computes_terms
 from ..config import TrainConfig
 from ..evaluate import score_nonoverlapping
 from ..io import write_csv
@@ -169,7 +170,7 @@ def measure_model(cfg: BenchConfig, device, name: str, backend: str, precision: 
     rows = []
     for compile_ in compiled:
         model = bench_model(cfg, name, backend, precision, compile_, device)
-        if not serves_terms(model.encoding, backend):  # it would time eager under another name
+        if not computes_terms(model.encoding, backend):  # it would time eager under another name
             reason = f"{name} computes through its layers' content terms, which the {backend} backend cannot serve"
             row = dict(encoding=name, backend=backend, phase="train", seq_len=cfg.train_len, batch=cfg.train_batch)
             return [dict(row, status="skipped", reason=reason, precision=precision, compile=compile_)]
@@ -180,14 +181,6 @@ def measure_model(cfg: BenchConfig, device, name: str, backend: str, precision: 
             rows += [dict(row, compile=compile_) for row in time_evaluation(model, cfg, device, name, backend, peak)]
             rows += [dict(row, compile=compile_) for row in time_decoding(model, cfg, device, name, backend, peak)]
     return [dict(row, precision=precision) for row in rows]
-
-
-def serves_terms(encoding, backend: str) -> bool:
-    """Whether ``backend`` computes the encoding's layer terms (if any): eager always, flex and ``auto`` where
-    the terms give a score_mod (``PositionEncoding.terms_on_flex``), sdpa never."""
-    if not encoding.has_layer_terms or backend == "eager":
-        return True
-    return backend != "sdpa" and encoding.terms_on_flex
 
 
 def measure_xtransformers(cfg: BenchConfig, device, name: str, precision: str, peak: float) -> list[dict]:
