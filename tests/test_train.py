@@ -177,6 +177,17 @@ def test_spikes_are_flagged_in_train_log(small_config, tmp_path, monkeypatch):
     assert not log.drop(index=6)["loss_spike"].any()
 
 
+def test_a_loss_spike_needs_a_real_rise_not_only_a_ratio():
+    """1.5 times a solved task's 0.001 is no spike (the 0.1-nat floor); 1.5 times a loss of 2 is one."""
+    limits = SimpleNamespace(loss_spike_ratio=1.5, grad_spike_ratio=5.0)
+    near_zero = training_run.Progress(loss_average=0.001, grad_average=1.0)
+    assert near_zero.spikes(1, 0.05, 1.0, limits) == (False, False)  # 50 times the average, 0.049 nats up
+    assert near_zero.spikes(2, 0.2, 1.0, limits) == (True, False)  # the average is now 0.0059: 0.19 nats up
+    text = training_run.Progress(loss_average=2.0, grad_average=1.0)
+    assert text.spikes(1, 2.9, 1.0, limits) == (False, False)  # 1.45 times
+    assert text.spikes(2, 3.2, 6.0, limits) == (True, True)
+
+
 @pytest.mark.slow
 def test_killed_subprocess_resumes_to_the_uninterrupted_numbers(mini_data, tmp_path):
     """SIGKILL (no chance to save) mid-training: the periodic last.pt is all there is, and it is enough."""

@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: Spike detection compares each step with a running average over about the last 1 / (1 - decay) steps.
 SPIKE_AVERAGE_DECAY = 0.9
+# A loss spike must also rise this far above its average: near a solved task's zero loss every wobble is
+# "above 1.5 times the average", and a flood of such warnings hides the real ones.
+LOSS_SPIKE_MIN_RISE = 0.1
 
 
 @dataclass
@@ -61,7 +64,9 @@ class Progress:
     def spikes(self, step: int, train_loss: float, grad: float, t) -> tuple[bool, bool]:
         """Whether this step's loss and gradient norm jumped above their running averages (logged
         as a warning), then fold them into the averages."""
-        loss_spike = self.loss_average is not None and train_loss > t.loss_spike_ratio * self.loss_average
+        loss_spike = self.loss_average is not None and train_loss > max(
+            t.loss_spike_ratio * self.loss_average, self.loss_average + LOSS_SPIKE_MIN_RISE
+        )
         grad_spike = self.grad_average is not None and grad > t.grad_spike_ratio * self.grad_average
         if loss_spike or grad_spike:
             log.warning(
