@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from posbench.markdown import markdown_table
+from posbench.report.tasks import task_runs
 
 MODEL = ["encoding", "variant", "train_len"]
 
@@ -28,13 +29,13 @@ def cell(group: pd.DataFrame) -> str:
     return f"{by_distance.loc[by_distance.index.min()]:.2f} / {by_distance.loc[by_distance.index.max()]:.2f}"
 
 
-def learned(results: pd.DataFrame) -> str:
+def learned(results: pd.DataFrame, task: str) -> str:
     """The seeds that learned the task, and the first validation step at which each did."""
-    runs = results.drop_duplicates("run_id")
-    ok = runs[runs["learned_step"].notna() & (runs["status"] != "not_learned")]
+    runs = task_runs(results, task)
+    ok = runs[runs["learned"]]
     if ok.empty:
         return f"not learned (best {runs['valid_accuracy'].max():.2f})"
-    steps = ", ".join(f"{int(step):,}" for step in sorted(ok["learned_step"]))
+    steps = ", ".join(f"{int(step):,}" for step in sorted(ok["learned_step"].dropna()))
     return f"{len(ok)} of {len(runs)} (step {steps})"
 
 
@@ -42,12 +43,12 @@ def table(report: Path, task: str) -> str:
     # the variant as trained is empty: read as text, so that it is a group of its own
     summary, results = (pd.read_csv(report / name, dtype={"variant": str}).fillna({"variant": ""})
                         for name in ("task_summary.csv", "task_results.csv"))  # fmt: skip
-    summary, results = summary[summary["task"] == task], results[results["task"] == task]
+    summary = summary[summary["task"] == task]
     lengths = sorted(summary["eval_len"].unique())
     rows = []
     for model, group in summary.groupby(MODEL, sort=True):
         name = model[0] + (f" ({model[1]})" if model[1] else "")
-        learned_by = learned(results[(results[MODEL] == pd.Series(model, index=MODEL)).all(axis=1)])
+        learned_by = learned(results[(results[MODEL] == pd.Series(model, index=MODEL)).all(axis=1)], task)
         seen = group["seeds"].max() > 0
         cells = [cell(group[group["eval_len"] == n]) if seen else "" for n in lengths]
         rows.append([name, learned_by, *cells])

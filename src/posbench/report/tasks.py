@@ -68,13 +68,19 @@ def task_summary(rows: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
+def task_runs(rows: pd.DataFrame, task: str) -> pd.DataFrame:
+    """One row per run of ``task`` (its first), with ``learned``: no row of the run is ``not_learned``."""
+    rows = rows[rows["task"] == task]
+    not_learned = (rows["status"] == "not_learned").groupby(rows["run_id"]).transform("any")
+    return rows.assign(learned=~not_learned).drop_duplicates("run_id")
+
+
 def steps_markdown(rows: pd.DataFrame, task: str) -> str:
     """Per line: how many seeds learned the task, and the steps (mean over seeds) to the first validation at
     ≥ 0.95 (learned_step), to the best model and to where training stopped."""
-    runs = rows[rows["task"] == task].drop_duplicates("run_id")
     table = []
-    for key, group in runs.groupby(TASK_LINE[1:], dropna=False):
-        learned = group["status"] != "not_learned"
+    for key, group in task_runs(rows, task).groupby(TASK_LINE[1:], dropna=False):
+        learned = group["learned"]
         steps = [group[c].mean() if c in group else float("nan") for c in ("learned_step", "best_step", "stopped_step")]
         shown = ["" if pd.isna(v) else f"{v:,.0f}" for v in steps]
         table.append([*key, f"{int(learned.sum())} of {len(group)}", f"{group['valid_accuracy'].mean():.3f}", *shown])
