@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from posbench.report import report
-from posbench.report.tasks import task_heatmaps
-from posbench.runfolder import TASK_RESULTS, ModelState, merge_rows
+from posbench.report.tasks import collect_tasks, learning_curves, task_heatmaps
+from posbench.runfolder import TASK_RESULTS, TRAIN_LOG, ModelState, merge_rows
 
 
 def task_run(folder, encoding: str, seed: int, accuracies: dict[tuple[int, int], float], status: str = "ok"):
@@ -26,6 +26,25 @@ def task_run(folder, encoding: str, seed: int, accuracies: dict[tuple[int, int],
     )
     folder.mkdir(parents=True)
     merge_rows(folder, TASK_RESULTS, rows, ModelState(f"{encoding}{seed}", 100, True))
+
+
+def test_learning_curves_come_from_each_runs_train_log_with_its_identity(tmp_path):
+    grid = {(64, 0): 1.0, (128, 0): 0.5}
+    task_run(tmp_path / "a0", "alibi", 0, grid)
+    task_run(tmp_path / "r1", "rope", 1, grid, status="not_learned")
+    task_run(tmp_path / "n0", "none", 0, grid)  # no train_log.csv: no curve, and no failure
+    for name, accuracies in (("a0", [0.5, 0.97]), ("r1", [0.1, 0.2])):
+        pd.DataFrame(
+            dict(step=[100, 150, 200], train_loss=[1.0, 0.5, 0.2], valid_loss=[1.0, None, 0.5])
+            | dict(valid_accuracy=[accuracies[0], None, accuracies[1]])  # logged at validations only
+        ).to_csv(tmp_path / name / TRAIN_LOG, index=False)
+    curves = learning_curves(collect_tasks(tmp_path)[0]).set_index(["encoding", "step"])
+    assert sorted(curves.index) == [("alibi", 100), ("alibi", 200), ("rope", 100), ("rope", 200)]
+    assert curves.loc[("alibi", 200), "valid_accuracy"] == 0.97 and curves.loc[("rope", 100), "valid_accuracy"] == 0.1
+    assert curves.loc[("alibi", 100), "learned"] and not curves.loc[("rope", 200), "learned"]
+    assert curves.loc[("rope", 200), "seed"] == 1 and curves.loc[("rope", 200), "task"] == "passkey"
+    out = report(tmp_path)
+    assert (out / "task_passkey_learning.png").is_file() and (out / "task_passkey_learning.svg").is_file()
 
 
 def test_task_runs_alone_make_a_table_and_a_figure_per_task(tmp_path):

@@ -31,7 +31,15 @@ from .generation import collect_generation, draw_generation_figure, generation_m
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
 from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
-from .tasks import collect_tasks, draw_task_figures, draw_task_heatmaps, task_markdown, task_summary, tasks_markdown
+from .tasks import (
+    collect_tasks,
+    draw_learning_curves,
+    draw_task_figures,
+    draw_task_heatmaps,
+    task_markdown,
+    task_summary,
+    tasks_markdown,
+)
 
 __all__ = ["REPORT_DIR", "Runs", "Selection", "collect_results", "collect_runs", "report"]
 
@@ -107,6 +115,7 @@ def task_files(tasks, building: Path) -> list[str]:
     write_csv(summary, building / "task_summary.csv")
     draw_task_figures(summary, encoding_colours(tasks["encoding"]), building)
     draw_task_heatmaps(summary, building)
+    draw_learning_curves(tasks, encoding_colours(tasks["encoding"]), building)
     return task_markdown(summary, tasks)
 
 

@@ -3,8 +3,10 @@
 ``collect_tasks`` reads the rows (a task run has no results.csv: it is read here, not by ``collect_runs``),
 ``task_summary`` averages over seeds, ``task_markdown`` writes a table per task of accuracy against eval_len
 and distance, ``draw_task_figures`` a figure per task, ``task_<name>``: accuracy against distance /
-train_len, a panel per eval_len, a line per encoding and variant, and ``draw_task_heatmaps`` a second,
-``task_<name>_heatmap``: a heat map per line of accuracy by distance and eval_len (``task_heatmaps``).
+train_len, a panel per eval_len, a line per encoding and variant, ``draw_task_heatmaps`` a second,
+``task_<name>_heatmap``: a heat map per line of accuracy by distance and eval_len (``task_heatmaps``), and
+``draw_learning_curves`` a third, ``task_<name>_learning``: each run's validation accuracy at train_len against
+the step (``learning_curves``, from its train_log.csv), so that a run that did not learn shows how far it got.
 
 A seed that did not learn its task (status ``not_learned``) is not averaged in; a cell whose seeds all
 failed to learn says so, as does one whose length the encoding cannot serve.
@@ -25,8 +27,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from ..markdown import markdown_table
-from ..runfolder import TASK_RESULTS
+from ..runfolder import TASK_RESULTS, TRAIN_LOG, find
+from ..tasks.measure import LEARNED_ACCURACY
 from .collect import collect_finished_rows
+from .csvs import read_table
 from .figures import PANELS_PER_ROW, line_styles, plain_ticks, save_figure
 from .tables import label, line_key
 
@@ -124,7 +128,8 @@ def task_markdown(summary: pd.DataFrame, raw: pd.DataFrame) -> list[str]:
             f"sequence.\n\n{markdown_table(header, rows)}"
         )
         sections.append(
-            f"### Task {task}: seeds that learned it, and the steps they took\n\n{steps_markdown(raw, task)}"
+            f"### Task {task}: seeds that learned it, and the steps they took\n\n{steps_markdown(raw, task)}\n\n"
+            f"Learning curves (validation accuracy at train_len against the step): `task_{task}_learning.png`."
         )
     return sections
 
@@ -263,3 +268,40 @@ def draw_task_heatmaps(summary: pd.DataFrame, out: Path) -> None:
             fontsize=11,
         )
         save_figure(fig, out / f"task_{task}_heatmap.png")
+
+
+def learning_curves(rows: pd.DataFrame) -> pd.DataFrame:
+    """Each task run's validation accuracy at train_len against the step, from the train_log.csv beside its
+    task_results.csv: columns TASK_LINE, seed, learned, step, valid_accuracy; empty where no run logged one."""
+    frames = []
+    for run_dir, run in rows.groupby("run_dir"):
+        path = find(Path(run_dir), TRAIN_LOG)
+        log = read_table(path, TRAIN_LOG)[0] if path else None
+        if log is None or "valid_accuracy" not in log:
+            continue
+        curve = log.dropna(subset=["valid_accuracy"])[["step", "valid_accuracy"]]
+        identity = run.iloc[0][[*TASK_LINE, "seed"]]
+        frames.append(curve.assign(**identity, learned=not (run["status"] == "not_learned").any()))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def draw_learning_curves(rows: pd.DataFrame, colours: dict[str, str], out: Path) -> None:
+    """task_<name>_learning.png/.svg: validation accuracy at train_len against the step, a line per run (the
+    seeds of a line share its style), the threshold of ``learned`` dashed."""
+    curves = learning_curves(rows)
+    for task, df in curves.groupby("task") if len(curves) else ():
+        lines = list(df.groupby(["encoding", "variant"]).groups)
+        styles = line_styles(lines, colours)
+        fig = Figure(figsize=(8.5, 4.2))
+        ax = fig.subplots()
+        for (encoding, variant), line in df.groupby(["encoding", "variant"]):
+            name = encoding + (f" {variant}" if variant else "") + ("" if line["learned"].all() else " (not learned)")
+            for i, (_, run) in enumerate(line.groupby("seed")):
+                ax.plot(run["step"], run["valid_accuracy"], label=None if i else name, **styles[(encoding, variant)])
+        ax.axhline(LEARNED_ACCURACY, color="grey", linestyle="--", linewidth=1)
+        ax.set(xlabel="step", ylabel="validation accuracy at train_len", ylim=(-0.03, 1.03))
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=9, frameon=False)
+        ax.set_title(f"Task {task}: learning curves, a line per seed (dashed: learned at {LEARNED_ACCURACY})")
+        fig.tight_layout()
+        save_figure(fig, out / f"task_{task}_learning.png")
