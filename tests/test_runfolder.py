@@ -20,9 +20,11 @@ from posbench.runfolder import (
     PER_POSITION,
     RESULTS,
     ModelState,
+    earlier_measurement,
     finalize,
     find,
     legacy_run_id,
+    measured_rows,
     merge_rows,
     model_state,
     read_csv,
@@ -53,6 +55,21 @@ def test_rows_of_another_run_are_never_replaced(tmp_path):
     on_disk = read_csv(tmp_path / RESULTS)
     assert sorted(on_disk["ppl"]) == [1.0, 2.0, 5.0, 6.0, 7.0, 8.0]
     assert on_disk.groupby("run_id").size().to_dict() == {"a": 2, "b": 2, "c": 2}
+
+
+def test_measured_rows_are_the_rows_of_these_weights_once_training_had_ended(tmp_path):
+    merge_rows(tmp_path, RESULTS, rows([8, 16], [1.0, 2.0], variant="window8"), ModelState("a", 10, True))
+    merge_rows(tmp_path, RESULTS, rows([8], [3.0]), ModelState("a", 10, False))  # e.g. eval before the end
+    merge_rows(tmp_path, RESULTS, rows([8], [4.0]), ModelState("b", 10, True))  # another run's
+    kept = measured_rows(tmp_path, RESULTS, ModelState("a", 10, True))
+    assert sorted(kept["ppl"]) == [1.0, 2.0]
+    assert measured_rows(tmp_path, RESULTS, ModelState("a", 11, True)).empty  # other weights
+    assert measured_rows(tmp_path, RESULTS, ModelState("a", 10, False)).empty  # training not ended: nothing kept
+    assert measured_rows(tmp_path, COPY_CSV, ModelState("a", 10, True)).empty  # no such file
+    same = rows([16], [float("nan")], variant="window8").iloc[0].to_dict()
+    assert earlier_measurement(kept, same, RESULTS)["ppl"] == 2.0
+    for other in (dict(same, variant=""), dict(same, eval_len=32), dict(same, precision="bf16")):
+        assert earlier_measurement(kept, other, RESULTS) is None
 
 
 def test_a_runs_rows_on_other_weights_are_dropped_when_it_writes_again(tmp_path):

@@ -188,6 +188,75 @@ def test_a_loss_spike_needs_a_real_rise_not_only_a_ratio():
     assert text.spikes(2, 3.2, 6.0, limits) == (True, True)
 
 
+def fail_at_call(monkeypatch, module, name: str, call: int) -> dict:
+    """``module.name`` raises at its ``call``-th call (a kill in the middle of training's finish); the calls
+    are counted in the returned dict's ``n``."""
+    calls, function = {"n": 0}, getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise RuntimeError(f"killed in {name}")
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.slow
+def test_a_finish_killed_between_lengths_and_probes_resumes_where_it_was(small_config, tmp_path, monkeypatch):
+    """A kill during the evaluation, then one during the probes: each retry measures only what is missing,
+    and the run's CSVs hold the uninterrupted run's numbers."""
+    from posbench import evaluate
+    from posbench.probes import suite
+
+    config = lambda: small_config("probes=[context,window,copy]", "probe.contexts=[4,16]", "probe.trials=4")  # noqa: E731
+    train(config(), tmp_path / "reference")
+    lengths = fail_at_call(monkeypatch, evaluate, "timed_score", call=2)  # at 64, after 32 was measured
+    with pytest.raises(RuntimeError, match="killed in timed_score"):
+        train(config(), tmp_path / "run")
+    assert list(pd.read_csv(tmp_path / "run" / "results.csv")["eval_len"]) == [32]  # kept at once
+    monkeypatch.undo()
+    lengths = fail_at_call(monkeypatch, evaluate, "timed_score", call=0)  # counts only
+    contexts = fail_at_call(monkeypatch, suite, "context_usage", call=0)
+    fail_at_call(monkeypatch, suite, "copy_probe", call=1)
+    with pytest.raises(RuntimeError, match="killed in copy_probe"):
+        train(config(), tmp_path / "run")
+    assert lengths["n"] == 1 + 2 and contexts["n"] == 1  # 64 alone, then the window probe's 32 and 64
+    monkeypatch.undo()
+    lengths = fail_at_call(monkeypatch, evaluate, "timed_score", call=0)
+    contexts = fail_at_call(monkeypatch, suite, "context_usage", call=0)
+    train(config(), tmp_path / "run")
+    assert lengths["n"] == 0 and contexts["n"] == 0  # the evaluation, context and window probes kept
+    assert not (tmp_path / "run" / RESUME_CHECKPOINT).exists()
+    for name in ("results.csv", "per_position.csv", "context_usage.csv", "copy_probe.csv"):
+        ours, reference = (pd.read_csv(tmp_path / run / name) for run in ("run", "reference"))
+        keys = [c for c in ("variant", "eval_len", "position", "context", "subset", "distance") if c in ours]
+        ours, reference = (
+            t.drop(columns=["run_dir", "run_id"], errors="ignore").sort_values(keys) for t in (ours, reference)
+        )
+        pd.testing.assert_frame_equal(ours.reset_index(drop=True), reference.reset_index(drop=True), check_exact=True)
+
+
+@pytest.mark.slow
+def test_a_probe_killed_between_its_csvs_is_measured_again_not_kept_half(small_config, tmp_path, monkeypatch):
+    from posbench.probes import suite
+
+    merge = suite.merge_rows
+
+    def killed_at_bias_curves(folder, name, rows, state):
+        if name == "bias_curves.csv":
+            raise RuntimeError("killed while merging bias_curves.csv")
+        return merge(folder, name, rows, state)
+
+    monkeypatch.setattr(suite, "merge_rows", killed_at_bias_curves)
+    with pytest.raises(RuntimeError, match="killed while merging"):
+        train(small_config("encoding=alibi", "probes=[attention]"), tmp_path)
+    monkeypatch.undo()
+    train(small_config("encoding=alibi", "probes=[attention]"), tmp_path)
+    assert len(pd.read_csv(tmp_path / "bias_curves.csv")) and len(pd.read_csv(tmp_path / "attention_stats.csv"))
+
+
 @pytest.mark.slow
 def test_killed_subprocess_resumes_to_the_uninterrupted_numbers(mini_data, tmp_path):
     """SIGKILL (no chance to save) mid-training: the periodic last.pt is all there is, and it is enough."""

@@ -37,7 +37,10 @@ from .runfolder import (
     PER_POSITION,
     PER_POSITION_COLUMNS,
     RESULT_COLUMNS,
+    RESULTS,
     ModelState,
+    earlier_measurement,
+    measured_rows,
     merge_rows,
 )
 from .variant import AttentionVariant
@@ -153,12 +156,6 @@ def per_article_rows(score: Score, article: Tensor) -> pd.DataFrame:
     return pd.DataFrame({"article": range(n_articles), "tokens": tokens.numpy(), "nll_sum": nll_sum.numpy()})
 
 
-def merge_frames(frames: list[pd.DataFrame], columns: list[str], folder: Path, name: str, state: ModelState) -> None:
-    """``merge_rows`` of ``frames`` concatenated, if there are any."""
-    if frames:
-        merge_rows(folder, name, pd.concat(frames, ignore_index=True)[columns], state)
-
-
 #: The label of a model trained at randomized positions (``randpos8192``): the part of a variant that
 #: says how the model was trained; every other label says how it was evaluated.
 RANDOMIZED_LABEL = "randpos"
@@ -199,22 +196,34 @@ def not_measurable(model: LanguageModel, tokens: Tensor, split: str, eval_len: i
     return "", ""
 
 
-def evaluate_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir, state: ModelState) -> pd.DataFrame:
-    """One row per (split, eval_len) of the model in ``state``; also merges the per-position loss into
-    ``run_dir/per_position.csv`` and the per-article loss into ``run_dir/per_article.csv``.
+def evaluate_lengths(
+    model: LanguageModel,
+    corpus: Corpus,
+    cfg,
+    device,
+    run_dir,
+    state: ModelState,
+    columns: dict | None = None,
+    keep_measured: bool = False,
+) -> pd.DataFrame:
+    """One row per (split, eval_len) of the model in ``state``, each merged into ``run_dir/results.csv`` (with
+    ``columns`` added) as soon as it is measured, after its per-position loss (per_position.csv) and
+    per-article loss (per_article.csv): a row in results.csv says its length is whole.
+
+    ``keep_measured``: a length an earlier, interrupted attempt to finish the same run already measured on
+    these weights (``runfolder.measured_rows``) is kept, not measured again; only training's finish may ask
+    for it, since only resuming guarantees the same config.
 
     The evaluation-time variant of ``eval.*`` and ``model.logn_scaling`` changes the attention (variant.py).
     """
     with model.attention.evaluated_as(AttentionVariant.of(cfg.eval, cfg.model)):
-        return score_lengths(model, corpus, cfg, device, run_dir, state)
+        return score_lengths(model, corpus, cfg, device, Path(run_dir), state, columns or {}, keep_measured)
 
 
-def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir, state: ModelState) -> pd.DataFrame:
-    """``evaluate_lengths`` in the attention window already set.
-
-    Lengths the encoding cannot serve (``unsupported``), the split cannot fill (``too_short``) or the model
-    scores as NaN or infinite (``nonfinite``) are marked, not fatal.
-    """
+def score_lengths(
+    model: LanguageModel, corpus: Corpus, cfg, device, run_dir: Path, state: ModelState, columns, keep_measured
+) -> pd.DataFrame:
+    """``evaluate_lengths`` in the attention window already set."""
     e = cfg.eval
     base = dict(
         encoding=cfg.encoding.name,
@@ -228,35 +237,52 @@ def score_lengths(model: LanguageModel, corpus: Corpus, cfg, device, run_dir, st
         run_dir=str(run_dir),
         precision=model.precision,
     )
-    rows, positions, articles = [], [], []
+    kept = measured_rows(run_dir, RESULTS, state) if keep_measured else pd.DataFrame()
+    rows = []
     for split in e.splits:
         tokens = corpus.splits[split][: e.max_tokens]
-        target_article = corpus.article_ids(split, len(tokens))[1:]
         reference = unigram_ppl(corpus.splits["train"], tokens[1:], corpus.vocab)
         for eval_len in eval_lens_of(cfg):
             stride = min(e.stride, eval_len) if e.mode == "sliding" else eval_len
             where = dict(base, split=split, eval_len=eval_len, stride=stride, unigram_ppl=reference)
-            status, reason = not_measurable(model, tokens, split, eval_len, e.max_tokens)
-            if status:
-                log.warning("%s eval_len %d skipped: %s", split, eval_len, reason)
-                rows.append(dict(where, tokens=len(tokens) - 1, status=status, reason=reason))
-                continue
-            score = timed_score(model, tokens, eval_len, stride, e.batch_tokens, device, split)
-            if not math.isfinite(score.nll):
-                reason = f"the mean NLL is {score.nll} (NaN or infinite): the model's scores overflowed"
-                log.warning("%s eval_len %d: %s", split, eval_len, reason)
-                rows.append(dict(where, tokens=score.tokens, status="nonfinite", reason=reason))
-                continue
-            beyond = score.ppl_from(cfg.train_len) if eval_len > cfg.train_len else None
-            measured = dict(
-                tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason=""
-            )
-            rows.append(dict(where, **measured))
-            positions.append(per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where))
-            articles.append(per_article_rows(score, target_article).assign(**where))
-    merge_frames(positions, PER_POSITION_COLUMNS, Path(run_dir), PER_POSITION, state)
-    merge_frames(articles, PER_ARTICLE_COLUMNS, Path(run_dir), PER_ARTICLE, state)
+            row = earlier_measurement(kept, where, RESULTS)
+            if row is not None:
+                log.info(
+                    "%s eval_len=%d: kept, measured on these weights before the run was interrupted", split, eval_len
+                )
+            else:
+                row = score_length(model, corpus, cfg, device, tokens, where, run_dir, state) | columns
+                merge_rows(run_dir, RESULTS, pd.DataFrame([row], columns=RESULT_COLUMNS), state)
+            rows.append(row)
     return pd.DataFrame(rows, columns=RESULT_COLUMNS).assign(**state.columns())
+
+
+def score_length(
+    model: LanguageModel, corpus: Corpus, cfg, device, tokens: Tensor, where: dict, run_dir, state
+) -> dict:
+    """One results.csv row (``where`` and the measurement), its per-position and per-article rows merged first.
+
+    A length the encoding cannot serve (``unsupported``), the split cannot fill (``too_short``) or the model
+    scores as NaN or infinite (``nonfinite``) is marked, not fatal.
+    """
+    e, split, eval_len = cfg.eval, where["split"], where["eval_len"]
+    status, reason = not_measurable(model, tokens, split, eval_len, e.max_tokens)
+    if status:
+        log.warning("%s eval_len %d skipped: %s", split, eval_len, reason)
+        return dict(where, tokens=len(tokens) - 1, status=status, reason=reason)
+    score = timed_score(model, tokens, eval_len, where["stride"], e.batch_tokens, device, split)
+    if not math.isfinite(score.nll):
+        reason = f"the mean NLL is {score.nll} (NaN or infinite): the model's scores overflowed"
+        log.warning("%s eval_len %d: %s", split, eval_len, reason)
+        return dict(where, tokens=score.tokens, status="nonfinite", reason=reason)
+    positions = per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where)
+    merge_rows(run_dir, PER_POSITION, positions[PER_POSITION_COLUMNS], state)
+    target_article = corpus.article_ids(split, len(tokens))[1:]
+    merge_rows(
+        run_dir, PER_ARTICLE, per_article_rows(score, target_article).assign(**where)[PER_ARTICLE_COLUMNS], state
+    )
+    beyond = score.ppl_from(cfg.train_len) if eval_len > cfg.train_len else None
+    return dict(where, tokens=score.tokens, nll=score.nll, ppl=score.ppl, ppl_beyond=beyond, status="ok", reason="")
 
 
 def timed_score(model: LanguageModel, tokens: Tensor, eval_len: int, stride: int, batch_tokens: int, device, split):

@@ -35,7 +35,6 @@ from .probes.suite import run_probes
 from .resume import finished_run, start_afresh
 from .runfolder import (
     CHECKPOINT,
-    RESULTS,
     RESUME_CHECKPOINT,
     TASK_RESULTS,
     TRAIN_LOG,
@@ -202,8 +201,9 @@ def stopped(run: Run, signal_name: str, step: int) -> Interrupted:
     )
 
 
-# The best model's perplexity at every eval length goes to results.csv, rows measured on earlier weights of
-# this run go; then last.pt is no longer needed.
+# The best model's perplexity at every eval length goes to results.csv, then its probes run, each length and
+# probe kept as soon as it is measured (a finish resumed after a kill takes up where it was); rows measured on
+# earlier weights of this run go; then last.pt is no longer needed.
 def finish(run: Run) -> dict:
     p = run.progress
     write_csv(pd.DataFrame(p.log_rows), run.run_dir / TRAIN_LOG)
@@ -215,10 +215,11 @@ def finish(run: Run) -> dict:
         results = measure(run).assign(**stopped)
         merge_rows(run.run_dir, TASK_RESULTS, results, state)
     else:
-        results = evaluate_lengths(run.model, run.corpus, run.cfg, run.device, run.run_dir, state).assign(**stopped)
-        merge_rows(run.run_dir, RESULTS, results, state)
+        # keep_measured: what an interrupted attempt of this finish measured on these weights is not redone
+        args = (run.model, run.corpus, run.cfg, run.device, run.run_dir, state)
+        results = evaluate_lengths(*args, columns=stopped, keep_measured=True)
         run.logger.log_results(results)
-        run_probes(run.model, run.corpus, run.cfg, run.device, run.run_dir, state)  # those of ``probes=[...]``
+        run_probes(*args, keep_measured=True)  # those of ``probes=[...]``
     finalize(run.run_dir, state)
     run.logger.close()
     (run.run_dir / RESUME_CHECKPOINT).unlink(missing_ok=True)  # finished: results.csv and checkpoint.pt say all

@@ -108,9 +108,9 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, che
         run.taken_into(out_dir)
         if run.cfg.task:
             name, results = TASK_RESULTS, measured(run.model, build_task(run.cfg.task), run.cfg, run.device)
-        else:
+            merge_rows(out_dir, name, results, run.state)
+        else:  # merges each length's rows as it measures it
             name, results = RESULTS, evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir, run.state)
-        merge_rows(out_dir, name, results, run.state)
     log.info("%d rows written to %s", len(results), out_dir / name)
     return results
 

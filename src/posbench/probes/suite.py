@@ -1,8 +1,10 @@
 """Running the probes named in ``probes=[...]`` on a trained model, their rows merged into the run's CSVs.
 
 Each CSV starts with the run's identity columns (encoding, variant, train_len, seed) and ends with the
-model's state; rows are merged as every result row is (``runfolder.merge_rows``).
-The window probe writes results.csv rows of variant ``windowW`` (and per_position.csv).
+model's state; rows are merged as every result row is (``runfolder.merge_rows``), a probe's as it finishes.
+The window probe writes results.csv rows of variant ``windowW`` (and per_position.csv), a length at a time.
+Training's finish, resumed after a kill, keeps what its earlier attempt measured (``keep_measured``): a probe
+whose last CSV (``FINISHED_BY``) holds rows of these weights, and the window probe's measured lengths.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from ..costs import check_copy_probe
 from ..data import Corpus
 from ..errors import PosbenchError
 from ..evaluate import evaluate_lengths, variant_of
-from ..runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV, PROBE_IDENTITY, RESULTS, ModelState, merge_rows
+from ..runfolder import (
+    ATTENTION_CSV,
+    BIAS_CSV,
+    CONTEXT_CSV,
+    COPY_CSV,
+    PROBE_IDENTITY,
+    ModelState,
+    measured_rows,
+    merge_rows,
+)
 from ..variant import AttentionVariant
 from .attention import attention_stats, bias_curves
 from .config import probe_config
@@ -26,8 +37,10 @@ from .copy import copy_probe, default_distances
 
 log = logging.getLogger(__name__)
 
-#: What a probe returns: rows by the CSV they go to.
+#: What a probe returns: rows by the CSV they go to, merged in this order.
 Tables = dict[str, pd.DataFrame]
+#: The CSV a probe merges last: its rows of a model say that the probe finished on it.
+FINISHED_BY = {"context": CONTEXT_CSV, "copy": COPY_CSV, "attention": ATTENTION_CSV}
 
 
 def probe_tokens(corpus: Corpus, cfg: DictConfig):
@@ -55,33 +68,41 @@ def check_probe_data(corpus: Corpus, cfg: DictConfig, device) -> None:
         raise PosbenchError(f"probes=[attention] reads train_len={cfg.train_len} tokens at least: {split}")
 
 
-def context(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
+# Each probe: (model, corpus, cfg, device, out_dir, state, keep_measured) -> Tables.
+def context(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured) -> Tables:
     tokens, probe = probe_tokens(corpus, cfg), probe_config(cfg.probe)
     return {CONTEXT_CSV: context_usage(model, tokens, cfg.train_len, probe, cfg.eval.batch_tokens)}
 
 
-def window(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
-    """Every eval length again with attention limited to W = ``eval.window`` (default train_len) keys."""
+def window(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured) -> Tables:
+    """Every eval length again with attention limited to W = ``eval.window`` (default train_len) keys; its rows
+    are merged into results.csv a length at a time, as ``evaluate_lengths`` measures them."""
     windowed = OmegaConf.merge(cfg, {"eval": {"window": cfg.eval.window or cfg.train_len}})
-    return {RESULTS: evaluate_lengths(model, corpus, windowed, device, out_dir, state)}
+    evaluate_lengths(model, corpus, windowed, device, out_dir, state, keep_measured=keep_measured)
+    return {}
 
 
-def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
+def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured) -> Tables:
     tokens, probe = probe_tokens(corpus, cfg), probe_config(cfg.probe)
     return {COPY_CSV: copy_probe(model, tokens, corpus.vocab_size, cfg.train_len, probe, cfg.eval.batch_tokens)}
 
 
-def attention(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> Tables:
+def attention(
+    model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured
+) -> Tables:
     stats = attention_stats(model, probe_tokens(corpus, cfg), cfg.train_len)
-    return {ATTENTION_CSV: stats, BIAS_CSV: bias_curves(model.encoding, cfg.train_len, device)}
+    return {BIAS_CSV: bias_curves(model.encoding, cfg.train_len, device), ATTENTION_CSV: stats}  # FINISHED_BY last
 
 
 PROBE_RUNNERS = {"context": context, "window": window, "copy": copy, "attention": attention}
 
 
-def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState) -> None:
+def run_probes(
+    model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured: bool = False
+) -> None:
     """Run ``cfg.probes`` on ``model`` (in ``state``) and merge their rows into ``out_dir`` (whose lock the
-    caller holds).
+    caller holds); with ``keep_measured`` (training's finish alone), not what an interrupted attempt to
+    finish the same run already measured.
 
     The probes see the model as ``evaluate_lengths`` does, in the evaluation-time variant of ``eval.*``
     (the window probe sets its own window), and their rows are labelled with that variant."""
@@ -93,12 +114,21 @@ def run_probes(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, st
         seed=cfg.seed,
     )
     for name in cfg.probes:
+        if keep_measured and finished(Path(out_dir), FINISHED_BY.get(name), state, identity["variant"]):
+            log.info("probe %s: kept, measured on these weights before the run was interrupted", name)
+            continue
         log.info("probe %s", name)
         with model.attention.evaluated_as(AttentionVariant.of(e, cfg.model)):
-            tables = PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state)
+            tables = PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state, keep_measured)
         for csv, rows in tables.items():
-            if csv != RESULTS:
-                rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=PROBE_IDENTITY), rows], axis=1)
+            rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=PROBE_IDENTITY), rows], axis=1)
             if len(rows):
                 merge_rows(Path(out_dir), csv, rows, state)
                 log.info("probe %s: %d rows written to %s", name, len(rows), Path(out_dir) / csv)
+
+
+def finished(out_dir: Path, csv: str | None, state: ModelState, variant: str) -> bool:
+    """Whether ``csv`` (a probe's ``FINISHED_BY``) holds rows of ``variant`` measured on ``state``'s weights once
+    training had ended."""
+    rows = measured_rows(out_dir, csv, state) if csv else pd.DataFrame()
+    return bool(len(rows)) and bool((rows["variant"].fillna("") == variant).any())

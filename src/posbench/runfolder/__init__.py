@@ -48,7 +48,17 @@ from .layout import (
 )
 from .lock import busy, check_free, lock_run_dir, remove_orphaned_temp_files
 from .records import clear_error, errors_recorded, record_error, run_configs, save_run_config, unfinished_reason
-from .rows import check_mergeable, finalize, identity_of, merge_records, merge_rows, read_csv, read_mergeable
+from .rows import (
+    check_mergeable,
+    earlier_measurement,
+    finalize,
+    identity_of,
+    measured_rows,
+    merge_records,
+    merge_rows,
+    read_csv,
+    read_mergeable,
+)
 
 # fmt: off
 __all__ = [
@@ -61,6 +71,7 @@ __all__ = [
     "ModelState", "new_run_id", "legacy_run_id", "model_state", "find",
     # rows
     "read_csv", "read_mergeable", "check_mergeable", "merge_rows", "identity_of", "merge_records", "finalize",
+    "measured_rows", "earlier_measurement",
     # records
     "save_run_config", "run_configs", "record_error", "errors_recorded", "clear_error", "unfinished_reason",
     # lock

@@ -76,6 +76,27 @@ def check_mergeable(folder: Path) -> None:
             read_mergeable(path, name)
 
 
+def measured_rows(folder: Path, name: str, state: ModelState) -> pd.DataFrame:
+    """The rows of ``name`` in ``folder`` measured on ``state``'s weights once training had ended (empty if none,
+    or if ``state`` is not final): what an earlier, interrupted attempt to finish the same run wrote. Resuming
+    refuses another config, so they are the numbers this attempt would measure again."""
+    path = find(folder, name)
+    if path is None or not state.final:
+        return pd.DataFrame()
+    table = read_mergeable(path, name)
+    step = pd.to_numeric(table["model_step"], errors="coerce")
+    return table[(table["run_id"] == state.run_id) & (step == state.step) & table["model_final"]].reset_index(drop=True)
+
+
+def earlier_measurement(kept: pd.DataFrame, row: dict, name: str) -> dict | None:
+    """The row of ``kept`` (``measured_rows`` of ``name``) that measured what ``row`` measures, or None."""
+    if kept.empty:
+        return None
+    keys = MEASUREMENT_KEYS[name]
+    same = _keys(kept, keys) == _keys(pd.DataFrame([row]), keys).iloc[0]
+    return kept[same].iloc[-1].to_dict() if same.any() else None
+
+
 def _keys(table: pd.DataFrame, columns: list[str]) -> pd.Series:
     return table.reindex(columns=columns).astype("string").fillna("").agg("|".join, axis=1)
 
