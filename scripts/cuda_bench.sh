@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/performance.md, "On a GPU" (issue 14): every encoding's training and evaluation on CUDA.
+# docs/performance.md, "On a GPU": every encoding's training and evaluation on CUDA.
 #   1. training (batch 16 x 256) and evaluation at 16,384 tokens: eager and SDPA, fp32 and bf16
 #      (autocast; AdamW's fused CUDA kernel in both);
 #   2. training with model.compile=true, bf16, for rope.

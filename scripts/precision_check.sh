@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's quality check (docs/performance.md, "Does bf16 cost quality?"): the quick preset trained in fp32
+# The bf16 quality check (docs/performance.md, "Does bf16 cost quality?"): the quick preset trained in fp32
 # and in bf16 for alibi, rope and sinusoidal at seeds 0, 1, 2, test perplexity at 256 and 16x (4,096),
 # then the report (precision is part of a run's identity there, so each encoding gets a line per precision).
 # Settings from the environment: OUT (outputs/precision_check), JOBS (2 runs at a time, one thread each,

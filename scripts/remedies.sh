@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16's measurements (docs/results.md, "What fixes extrapolation"): the quick preset at seed 0 for
+# The remedies' quick-preset measurements (docs/results.md, "What fixes extrapolation"): the quick preset at seed 0 for
 # ENCODINGS, trained plain and with each training-side remedy (mixed lengths, randomized positions);
 # the evaluation-time remedies (log-n scaling; attention temperature for none) on the plain runs; the
 # context probe on every run; then one report.

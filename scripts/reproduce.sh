@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The study of docs/results.md, in resumable stages (issue 17).
+# The study of docs/results.md, in resumable stages.
 #
 # Usage:  scripts/reproduce.sh [STAGE...]        every stage in order when none is named
 #         scripts/reproduce.sh list              the stages and their runs
