@@ -96,6 +96,21 @@ def test_mqar_asks_for_keys_whose_values_sit_before_the_gap(distance):
     assert batch.answer.nonzero().flatten().tolist() == [length - 5, length - 3, length - 1]  # the asked values
 
 
+def test_mqar_without_answers_in_input_shows_filler_where_a_value_would_follow_its_key():
+    """Zoology's protocol: the targets are the values as before, the input after each query key is filler."""
+    shown = build_task({"name": "mqar", "pairs": 5, "queries": 3})
+    hidden = build_task({"name": "mqar", "pairs": 5, "queries": 3, "answers_in_input": False})
+    length = 40
+    plain, batch = draw(shown, length, 7), draw(hidden, length, 7)
+    assert torch.equal(batch.y, plain.y) and torch.equal(batch.answer, plain.answer)
+    inputs_after_keys = [length - 4, length - 2]  # the inputs after the first two keys (the last is past x)
+    others = [i for i in range(length) if i not in inputs_after_keys]
+    assert torch.equal(batch.x[:, others], plain.x[:, others])
+    assert torch.equal(plain.x[:, inputs_after_keys], plain.y[:, [i - 1 for i in inputs_after_keys]])  # shown
+    assert ((batch.x[:, inputs_after_keys] >= 1) & (batch.x[:, inputs_after_keys] <= 16)).all()  # filler ids
+    assert torch.equal(draw(hidden, length, 7).x, batch.x)  # the same by the seed
+
+
 def test_mqar_with_repeat_keys_may_ask_a_key_again_and_more_often_than_there_are_pairs():
     task = build_task({"name": "mqar", "pairs": 3, "queries": 8, "repeat_keys": True})
     batch = draw(task, 40, 5, n=64)

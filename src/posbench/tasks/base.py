@@ -90,6 +90,11 @@ class Task:
         """Which of the query's tokens are answers (as targets: each predicted from the token before it)."""
         raise NotImplementedError
 
+    def hides_answers(self) -> bool:
+        """Whether the input shows filler where an answer would be the next input (mqar's
+        ``answers_in_input=false``): no later query can read an earlier answer."""
+        return False
+
     def check(self) -> None:
         """Raise ValueError, naming the key, for options the task cannot draw from."""
 
@@ -120,7 +125,14 @@ class Task:
         answer = torch.zeros(length, dtype=torch.bool)
         in_query = self.answer_in_query()
         answer[length - len(in_query) :] = torch.tensor(in_query)
-        return Batch(tokens[:, :-1], tokens[:, 1:], answer)
+        x = tokens[:, :-1]
+        if self.hides_answers():  # each answer a target only: the input after its query token is filler
+            shown = answer.nonzero().flatten() + 1  # (answers,): the inputs that would show them
+            shown = shown[shown < length]
+            hidden = self.offsets["filler"] + rng.integers(0, self.cfg.filler_symbols, (n, len(shown)))
+            x = x.clone()
+            x[:, shown] = torch.from_numpy(hidden)
+        return Batch(x, tokens[:, 1:], answer)
 
     def batch(self, rng: np.random.Generator, length: int, n: int) -> Batch:
         """``n`` sequences, each at a distance drawn uniformly from all that ``length`` holds (training)."""

@@ -4,7 +4,9 @@ Source: ``pairs`` key-value pairs ``k1 v1 k2 v2 ...`` (keys distinct, from ``sym
 vocabulary of their own, as in Zoology). Query (the sequence's last tokens): ``queries`` of the keys, in a
 random order, each followed by its value, which is the answer. Distinct keys by default; with
 ``repeat_keys`` each query draws its key from all the pairs, so one may be asked again (and ``queries`` may
-exceed ``pairs``): excluding the values already given no longer predicts the next. ``distance`` is the
+exceed ``pairs``): excluding the values already given no longer predicts the next. With
+``answers_in_input=false`` (Zoology's protocol) the input shows filler in place of each value, which stays the
+target: no query sees another's answer. ``distance`` is the
 filler between the last pair and the first query; a pair's own gap to its query adds its place in the two
 blocks.
 """
@@ -27,6 +29,9 @@ class MqarConfig(TaskConfig):
     queries: int = 4
     #: Each query draws its key from all the pairs (a key may be asked again; ``queries`` may exceed ``pairs``).
     repeat_keys: bool = False
+    #: False: as in Zoology, the input after each query key is filler, not its value (the value a target only),
+    #: so that no query reads an earlier one's answer.
+    answers_in_input: bool = True
 
 
 class Mqar(Task):
@@ -43,6 +48,9 @@ class Mqar(Task):
             raise ValueError(
                 f"task.queries={c.queries} must be in [1, task.pairs={c.pairs}] (or task.repeat_keys=true)"
             )
+
+    def hides_answers(self) -> bool:
+        return not self.cfg.answers_in_input
 
     def source_len(self) -> int:
         return 2 * self.cfg.pairs
