@@ -1,11 +1,15 @@
 """train.copy_fraction: that fraction of each batch's sequences are synthetic copy sequences."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from posbench.copyseq import draw_spans, with_copies
+from posbench.data import build_corpus
 from posbench.probes.copy import CopyProbeConfig
+from posbench.train import training_batch
 
 VOCAB, B, T = 1000, 8, 40
 
@@ -58,3 +62,21 @@ def test_the_span_is_capped_at_half_the_sequence():
     sequences = torch.cat([cx, cy[:, -1:]], 1)
     assert all(copy_layout(row, (T + 1) // 2) is not None for row in sequences)
     assert np.all(sequences.numpy() < VOCAB)
+
+
+def test_the_copy_warm_up_trains_on_pure_copies_then_the_fraction_applies(compose_config):
+    """train.copy_warmup_steps=2, train.copy_fraction=0: steps 1 and 2 are copies alone (a span of half the
+    sequence, then at once the span again), step 3 is text as drawn."""
+    words = [f"w{i % 97}" for i in range(3000)]  # text that repeats no span within 97 tokens
+    corpus = build_corpus({"train": [" ".join(words)], "valid": ["a b"], "test": ["a b"]})
+    cfg = compose_config("train", ["experiment=smoke", "train.copy_warmup_steps=2", "train.copy_fraction=0"])
+    run = SimpleNamespace(cfg=cfg, task=None, corpus=corpus, gen=torch.Generator().manual_seed(0))
+    span = (cfg.train_len + 1) // 2  # 16 of the 33 tokens a row of x and y spans at train_len 32
+
+    def copied(row: torch.Tensor) -> bool:  # the span again right after it (one text token may sit between)
+        return any(torch.equal(row[:span], row[span + d : 2 * span + d]) for d in range(len(row) - 2 * span + 1))
+
+    for step, copies in ((1, True), (2, True), (3, False)):
+        x, y = training_batch(run, step)
+        assert x.shape == (cfg.train.batch_size, cfg.train_len) and torch.equal(x[:, 1:], y[:, :-1])
+        assert all(copied(row) == copies for row in torch.cat([x, y[:, -1:]], 1))

@@ -60,6 +60,10 @@ class TrainConfig:
     grad_spike_ratio: float = 5.0
     #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; copyseq.py).
     copy_fraction: float = 0.0
+    #: The first this many steps train on copy sequences alone, each a random span of half the sequence
+    #: repeated at once (pure-copy warm-up: the copy circuit forms before text competes with it); then
+    #: ``copy_fraction`` applies.
+    copy_warmup_steps: int = 0
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
     #: L must divide that. train_len must be the longest of them (one rule, no guessing whether train_len
@@ -207,6 +211,8 @@ def train_problems(cfg) -> list[str]:
         found.append(f"train.patience must be a positive number of validation checks or null, got {t.patience}")
     if not 0 <= t.copy_fraction <= 1:
         found.append(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
+    if t.copy_warmup_steps < 0:
+        found.append(f"train.copy_warmup_steps must be a non-negative number of steps, got {t.copy_warmup_steps}")
     found += train_lengths_problems(cfg)
     if t.val_lens is not None:
         found += lengths_problems("train.val_lens", list(t.val_lens))
@@ -252,6 +258,7 @@ def task_problems(cfg) -> list[str]:
         for key, given in (
             ("probes", cfg.probes),
             ("train.copy_fraction", cfg.train.copy_fraction),
+            ("train.copy_warmup_steps", cfg.train.copy_warmup_steps),
             ("train.val_lens", cfg.train.val_lens),
         )
         if given

@@ -65,18 +65,18 @@ def sample_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, gen: torch
 
 def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of ``step``: random windows of the train split at ``step_length``, ``train.copy_fraction``
-    of them replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same);
-    with a task, its sequences of ``step``."""
+    of them replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same),
+    all of them by pure copies in the first ``train.copy_warmup_steps``; with a task, its sequences of ``step``."""
     cfg, length = run.cfg, step_length(run.cfg, step)
     if run.task:
         return training_sequences(run.task, cfg.seed, step, length, batch_rows(cfg, length))
     train_split = run.corpus.splits["train"]
     x, y = sample_batch(train_split, batch_rows(cfg, length), length, run.gen)
-    if not cfg.train.copy_fraction:
+    # the warm-up's pure copies: every sequence a span of half its length, repeated at once
+    fraction, span = (1.0, length) if step <= cfg.train.copy_warmup_steps else (cfg.train.copy_fraction, cfg.probe.span)
+    if not fraction:
         return x, y
-    return with_copies(
-        x, y, train_split, run.corpus.vocab_size, cfg.train.copy_fraction, cfg.probe.span, cfg.seed, step
-    )
+    return with_copies(x, y, train_split, run.corpus.vocab_size, fraction, span, cfg.seed, step)
 
 
 # One optimizer step on the global batch (x, y); each rank computes the loss of its own rows.
