@@ -8,6 +8,7 @@ import torch
 
 from posbench.copyseq import draw_spans, with_copies
 from posbench.data import build_corpus
+from posbench.lengths import counts_for_patience
 from posbench.probes.copy import CopyProbeConfig
 from posbench.train import training_batch
 
@@ -80,3 +81,9 @@ def test_the_copy_warm_up_trains_on_pure_copies_then_the_fraction_applies(compos
         x, y = training_batch(run, step)
         assert x.shape == (cfg.train.batch_size, cfg.train_len) and torch.equal(x[:, 1:], y[:, :-1])
         assert all(copied(row) == copies for row in torch.cat([x, y[:, -1:]], 1))
+
+
+def test_validations_in_the_copy_warm_up_do_not_count_toward_patience(compose_config):
+    """The text loss stalls while the model trains on copies alone: counted, it would stop the run there."""
+    cfg = compose_config("train", ["experiment=smoke", "train.copy_warmup_steps=300"])
+    assert [counts_for_patience(cfg, step) for step in (100, 300, 301, 400)] == [False, False, True, True]

@@ -62,7 +62,7 @@ class TrainConfig:
     copy_fraction: float = 0.0
     #: The first this many steps train on copy sequences alone, each a random span of half the sequence
     #: repeated at once (pure-copy warm-up: the copy circuit forms before text competes with it); then
-    #: ``copy_fraction`` applies.
+    #: ``copy_fraction`` applies. Its validations do not count toward ``patience``.
     copy_warmup_steps: int = 0
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each

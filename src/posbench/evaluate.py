@@ -241,6 +241,7 @@ def score_lengths(
     rows = []
     for split in e.splits:
         tokens = corpus.splits[split][: e.max_tokens]
+        target_article = corpus.article_ids(split, len(tokens))[1:]
         reference = unigram_ppl(corpus.splits["train"], tokens[1:], corpus.vocab)
         for eval_len in eval_lens_of(cfg):
             stride = min(e.stride, eval_len) if e.mode == "sliding" else eval_len
@@ -251,14 +252,14 @@ def score_lengths(
                     "%s eval_len=%d: kept, measured on these weights before the run was interrupted", split, eval_len
                 )
             else:
-                row = score_length(model, corpus, cfg, device, tokens, where, run_dir, state) | columns
+                row = score_length(model, cfg, device, tokens, target_article, where, run_dir, state) | columns
                 merge_rows(run_dir, RESULTS, pd.DataFrame([row], columns=RESULT_COLUMNS), state)
             rows.append(row)
     return pd.DataFrame(rows, columns=RESULT_COLUMNS).assign(**state.columns())
 
 
 def score_length(
-    model: LanguageModel, corpus: Corpus, cfg, device, tokens: Tensor, where: dict, run_dir, state
+    model: LanguageModel, cfg, device, tokens: Tensor, target_article: Tensor, where: dict, run_dir, state
 ) -> dict:
     """One results.csv row (``where`` and the measurement), its per-position and per-article rows merged first.
 
@@ -277,7 +278,6 @@ def score_length(
         return dict(where, tokens=score.tokens, status="nonfinite", reason=reason)
     positions = per_position_rows(score, e.per_position_exact, e.per_position_bucket).assign(**where)
     merge_rows(run_dir, PER_POSITION, positions[PER_POSITION_COLUMNS], state)
-    target_article = corpus.article_ids(split, len(tokens))[1:]
     merge_rows(
         run_dir, PER_ARTICLE, per_article_rows(score, target_article).assign(**where)[PER_ARTICLE_COLUMNS], state
     )

@@ -95,7 +95,10 @@ def step_length(cfg, step: int) -> int:
 
 def counts_for_patience(cfg, step: int) -> bool:
     """Whether a validation at ``step`` counts toward train.patience: always, except in a curriculum's shorter
-    stages, where the loss at train_len may stall and would stop the run before it ever trains at train_len."""
+    stages and in the copy warm-up (``train.copy_warmup_steps``), where the loss at train_len may stall and
+    would stop the run before it ever trains at train_len, or on text."""
+    if step <= cfg.train.copy_warmup_steps:
+        return False
     return cfg.train.length_order != "curriculum" or step_length(cfg, step) == cfg.train_len
 
 
