@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from posbench.markdown import markdown_table
-from posbench.report.tasks import task_runs
+from posbench.report.tasks import seeds_learned, task_runs
 
 MODEL = ["encoding", "variant", "train_len"]
 
@@ -32,11 +32,10 @@ def cell(group: pd.DataFrame) -> str:
 def learned(results: pd.DataFrame, task: str) -> str:
     """The seeds that learned the task, and the first validation step at which each did."""
     runs = task_runs(results, task)
-    ok = runs[runs["learned"]]
-    if ok.empty:
+    if not runs["learned"].any():
         return f"not learned (best {runs['valid_accuracy'].max():.2f})"
-    steps = ", ".join(f"{int(step):,}" for step in sorted(ok["learned_step"].dropna()))
-    return f"{len(ok)} of {len(runs)} (step {steps})"
+    steps = ", ".join(f"{int(step):,}" for step in sorted(runs.loc[runs["learned"], "learned_step"].dropna()))
+    return f"{seeds_learned(runs)} (step {steps})"
 
 
 def table(report: Path, task: str) -> str:

@@ -79,15 +79,19 @@ def task_runs(rows: pd.DataFrame, task: str) -> pd.DataFrame:
     return rows.assign(learned=~not_learned).drop_duplicates("run_id")
 
 
+def seeds_learned(runs: pd.DataFrame) -> str:
+    """``k of n``: how many of these runs (rows of ``task_runs``) learned their task."""
+    return f"{int(runs['learned'].sum())} of {len(runs)}"
+
+
 def steps_markdown(rows: pd.DataFrame, task: str) -> str:
     """Per line: how many seeds learned the task, and the steps (mean over seeds) to the first validation at
     ≥ 0.95 (learned_step), to the best model and to where training stopped."""
     table = []
     for key, group in task_runs(rows, task).groupby(TASK_LINE[1:], dropna=False):
-        learned = group["learned"]
         steps = [group[c].mean() if c in group else float("nan") for c in ("learned_step", "best_step", "stopped_step")]
         shown = ["" if pd.isna(v) else f"{v:,.0f}" for v in steps]
-        table.append([*key, f"{int(learned.sum())} of {len(group)}", f"{group['valid_accuracy'].mean():.3f}", *shown])
+        table.append([*key, seeds_learned(group), f"{group['valid_accuracy'].mean():.3f}", *shown])
     header = [*TASK_LINE[1:], "learned", "valid_accuracy", "learned_step", "best_step", "stopped_step"]
     return markdown_table(header, table)
 
