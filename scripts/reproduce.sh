@@ -18,10 +18,14 @@
 #                       generation can go past train_len as the source document's learned model did
 #   tasks0 tasks1 tasks2  the task track (docs/tasks.md) at that seed: every encoding on passkey, mqar and
 #                       copy (task=NAME brings its recipe), each run writing task_results.csv
+#   task_remedies       rope, sinusoidal, learned on passkey and copy at seed 0, trained with randomized
+#                       positions up to the longest eval length (Ruoss et al. 2023's remedy, made for such tasks)
 #   evals               on finished runs: sliding windows (stride $STRIDE, the first $SLIDING_TOKENS
 #                       test tokens), RoPE context extension
 #                       (linear, NTK, YaRN at x4 and x16), log-n scaling and attention temperature on
 #                       seed 0's rope, sinusoidal, learned and none, blockwise attention on xPos
+#   task_evals          on finished tasks0 runs that learned their task: RoPE context extension (linear, NTK,
+#                       YaRN at x4 and x32) on rope, log-n scaling and attention temperature on $TASK_VARIANT_ENCODINGS
 #   generate            on finished seed and learned_table runs: posbench generate, $PROMPTS test prompts continued to 16x
 #                       train_len (samples.jsonl, generation.csv), skipped once done like the evals
 #   report              python -m posbench report on each stage folder, and on the whole study with paired
@@ -76,6 +80,7 @@ COMMON=("device=${DEVICE}")
 ENCODINGS=$(for file in conf/encoding/*.yaml; do basename "$file" .yaml; done)
 CORE="alibi rope sinusoidal learned none"
 REMEDY_ENCODINGS="rope sinusoidal learned none"
+TASK_VARIANT_ENCODINGS="rope sinusoidal"  # learned cannot serve past its table, none learns no task
 
 start=$(date +%s)
 stamp() { echo "[reproduce] $(( ($(date +%s) - start) / 60 )) min: $*"; }
@@ -142,6 +147,13 @@ stage_runs() {  # the runs of stage $1, started with train()
                 for encoding in $ENCODINGS; do train "task=${task},encoding=${encoding},seed=${seed}" \
                     "task=$task" "encoding=$encoding" "seed=$seed"; done
             done ;;
+        task_remedies)
+            for task in passkey copy; do
+                for encoding in rope sinusoidal learned; do
+                    train "task=${task},encoding=${encoding},randomized_positions=2048" "task=$task" \
+                        "encoding=$encoding" encoding.randomized_positions=2048 seed=0
+                done
+            done ;;
         quick)
             for encoding in $CORE; do train "encoding=${encoding}" experiment=study "encoding=$encoding" \
                 train.steps=300 train.patience=null eval.max_tokens=16384 'probes=[context,window]'; done ;;
@@ -149,23 +161,43 @@ stage_runs() {  # the runs of stage $1, started with train()
     esac
 }
 
+run_encoding() { awk '/^encoding:/ {inside = 1; next} inside && /^  name:/ {print $2; exit}' "$1/.hydra/config.yaml"; }
+
+# RoPE context extension on run $1 at each factor $2...
+rope_scalings() {
+    local run=$1 type factor
+    shift
+    for type in linear ntk yarn; do
+        for factor in "$@"; do eval_once "$run" rope.scaling.type=$type rope.scaling.factor=$factor; done
+    done
+}
+
+# log-n scaling and attention temperatures on run $1
+sharpenings() {
+    local temperature
+    eval_once "$1" model.logn_scaling=true
+    for temperature in 1.25 1.5 2; do eval_once "$1" eval.attn_temperature=$temperature; done
+}
+
 # every evaluation of one finished run, one after another (two in one folder would race)
 run_evals() {
-    local run=$1 encoding seed type factor temperature
-    encoding=$(awk '/^encoding:/ {inside = 1; next} inside && /^  name:/ {print $2; exit}' "$run/.hydra/config.yaml")
+    local run=$1 encoding seed
+    encoding=$(run_encoding "$run")
     seed=$(sed -n 's/^seed: //p' "$run/.hydra/config.yaml")
-    if [[ "$encoding" == rope ]]; then
-        for type in linear ntk yarn; do
-            for factor in 4 16; do eval_once "$run" rope.scaling.type=$type rope.scaling.factor=$factor; done
-        done
-    fi
-    if [[ "$seed" == 0 && " $REMEDY_ENCODINGS " == *" $encoding "* ]]; then
-        eval_once "$run" model.logn_scaling=true
-        for temperature in 1.25 1.5 2; do eval_once "$run" eval.attn_temperature=$temperature; done
-    fi
+    if [[ "$encoding" == rope ]]; then rope_scalings "$run" 4 16; fi
+    if [[ "$seed" == 0 && " $REMEDY_ENCODINGS " == *" $encoding "* ]]; then sharpenings "$run"; fi
     if [[ "$encoding" == xpos ]]; then eval_once "$run" eval.blockwise=256; fi
     # the longest, last: at stride 256 the whole split would cost 63x the non-overlapping pass
     eval_once "$run" eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
+}
+
+# the evaluation-time variants of one finished task run; none where it did not learn its task (nothing to extend)
+run_task_evals() {
+    local run=$1 encoding
+    ! grep -q not_learned "$run/task_results.csv" 2>/dev/null || return 0
+    encoding=$(run_encoding "$run")
+    if [[ "$encoding" == rope ]]; then rope_scalings "$run" 4 32; fi
+    if [[ " $TASK_VARIANT_ENCODINGS " == *" $encoding "* ]]; then sharpenings "$run"; fi
 }
 
 # one evaluation of run $1, skipped when an earlier call finished it, so that a killed stage resumes at
@@ -234,6 +266,8 @@ run_stage() {
     RUNS=()
     if [[ "$group" == evals ]]; then
         mapfile -t RUNS < <(finished_seed_runs)
+    elif [[ "$group" == task_evals ]]; then
+        mapfile -t RUNS < <(finished_runs "$OUT"/tasks0/*/)
     elif [[ "$group" == generate ]]; then
         mapfile -t RUNS < <(finished_seed_runs; finished_runs "$OUT"/learned_table/*/)
     else
@@ -244,6 +278,7 @@ run_stage() {
     for item in "${RUNS[@]:first:count}"; do
         case "$group" in
             evals) spawn run_evals "$item" ;;
+            task_evals) spawn run_task_evals "$item" ;;
             generate) spawn generate_once "$item" ;;
             *) start_run "$item" ;;
         esac
@@ -253,7 +288,7 @@ run_stage() {
 }
 
 if [[ "${1:-}" == list ]]; then
-    for group in seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 quick; do
+    for group in seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 task_remedies quick; do
         RUNS=()
         stage_runs "$group"
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done
@@ -265,7 +300,8 @@ if (( QUICK )); then
     stages=(quick report)
 else
     stages=("$@")
-    (( ${#stages[@]} )) || stages=(seed0 seed1 seed2 remedies lengths evals generate report)
+    (( ${#stages[@]} )) || stages=(seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 task_remedies
+                                   evals task_evals generate report)
 fi
 for stage in "${stages[@]}"; do run_stage "$stage"; done
 stamp "done; wall time $(( $(date +%s) - start )) s"
