@@ -1,8 +1,9 @@
 """Print the task table of docs/results.md from a report folder: one row per model, the step it learned its task,
-and for each eval_len the accuracy with the source right before the query (d = 0) and at the start of the
-sequence (the longest distance), as ``d0 / longest``.
+and for each eval_len the accuracy with the source right before the query (d = 0, or ``--near D``) and at the
+start of the sequence (the longest distance), as ``near / longest``.
 
     python scripts/task_table.py docs/results/runs/tasks0/report --task passkey
+    python scripts/task_table.py docs/results/runs/tasks0/report --task copy --near 16
 
 Reads the report's task_summary.csv and task_results.csv (what ``posbench report`` writes): means over the seeds
 that learned the task; a model no seed learned gets ``not learned`` and the best validation accuracy.
@@ -21,12 +22,12 @@ from posbench.report.tasks import seeds_learned, task_runs
 MODEL = ["encoding", "variant", "train_len"]
 
 
-def cell(group: pd.DataFrame) -> str:
-    """``d0 / longest`` of one (model, eval_len); ``unsupported`` when the encoding cannot serve the length."""
+def cell(group: pd.DataFrame, near: int) -> str:
+    """``near / longest`` of one (model, eval_len); ``unsupported`` when the encoding cannot serve the length."""
     if (group["unsupported"] > 0).all():
         return "unsupported"
     by_distance = group.set_index("distance")["accuracy_mean"]
-    return f"{by_distance.loc[by_distance.index.min()]:.2f} / {by_distance.loc[by_distance.index.max()]:.2f}"
+    return f"{by_distance.loc[near]:.2f} / {by_distance.loc[by_distance.index.max()]:.2f}"
 
 
 def learned(results: pd.DataFrame, task: str) -> str:
@@ -38,7 +39,7 @@ def learned(results: pd.DataFrame, task: str) -> str:
     return f"{seeds_learned(runs)} (step {steps})"
 
 
-def table(report: Path, task: str) -> str:
+def table(report: Path, task: str, near: int = 0) -> str:
     # the variant as trained is empty: read as text, so that it is a group of its own
     summary, results = (pd.read_csv(report / name, dtype={"variant": str}).fillna({"variant": ""})
                         for name in ("task_summary.csv", "task_results.csv"))  # fmt: skip
@@ -49,7 +50,7 @@ def table(report: Path, task: str) -> str:
         name = model[0] + (f" ({model[1]})" if model[1] else "")
         learned_by = learned(results[(results[MODEL] == pd.Series(model, index=MODEL)).all(axis=1)], task)
         seen = group["seeds"].max() > 0
-        cells = [cell(group[group["eval_len"] == n]) if seen else "" for n in lengths]
+        cells = [cell(group[group["eval_len"] == n], near) if seen else "" for n in lengths]
         rows.append([name, learned_by, *cells])
     train_len = int(summary["train_len"].iloc[0])
     header = ["encoding", "learned"] + [f"{n} ({n // train_len}×)" for n in lengths]
@@ -60,8 +61,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, help="a report folder (posbench report DIR writes DIR/report)")
     parser.add_argument("--task", required=True)
+    parser.add_argument("--near", type=int, default=0, help="the near distance shown beside the longest (0)")
     args = parser.parse_args()
-    print(table(args.report, args.task))
+    summary = pd.read_csv(args.report / "task_summary.csv")
+    if args.near not in set(summary.loc[summary["task"] == args.task, "distance"]):
+        parser.error(f"no {args.task} row at distance {args.near}")
+    print(table(args.report, args.task, args.near))
 
 
 if __name__ == "__main__":

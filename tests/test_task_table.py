@@ -41,3 +41,16 @@ def test_cells_are_d0_and_longest_and_unlearned_or_unserved_models_say_so(tmp_pa
         "| learned | 1 of 1 (step 300) | 1.00 / 1.00 | unsupported |",
         "| none | not learned (best 0.50) |  |  |",
     ]
+
+
+def test_near_picks_the_distance_shown_beside_the_longest_and_must_be_measured(tmp_path):
+    summary = [point("alibi", 64, 0, 1.0), point("alibi", 64, 16, 0.5), point("alibi", 64, 55, 0.75),
+               point("alibi", 128, 0, 0.25), point("alibi", 128, 16, 0.125), point("alibi", 128, 119, 0.0)]  # fmt: skip
+    pd.DataFrame(summary).to_csv(tmp_path / "task_summary.csv", index=False)
+    pd.DataFrame([run("alibi", 0, 1500.0)]).to_csv(tmp_path / "task_results.csv", index=False)
+    command = [sys.executable, SCRIPT, tmp_path, "--task", "passkey", "--near"]
+    done = subprocess.run([*command, "16"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[2] == "| alibi | 1 of 1 (step 1,500) | 0.50 / 0.75 | 0.12 / 0.00 |"
+    done = subprocess.run([*command, "17"], capture_output=True, text=True)
+    assert done.returncode == 2 and "no passkey row at distance 17" in done.stderr
