@@ -8,9 +8,12 @@ import torch
 
 from posbench.copyseq import draw_spans, with_copies
 from posbench.data import build_corpus
+from posbench.distributed import World
 from posbench.lengths import counts_for_patience
 from posbench.probes.copy import CopyProbeConfig
-from posbench.train import training_batch
+from posbench.tasks.base import IGNORE
+from posbench.train import train_step, training_batch
+from posbench.training_run import prepare
 
 VOCAB, B, T = 1000, 8, 40
 
@@ -55,6 +58,37 @@ def test_copies_are_drawn_per_step_apart_from_the_probe():
     probe_spans = torch.cat(draw_spans(VOCAB, CopyProbeConfig(span=8, trials=B, seed=0)))
     training_spans = first[0][:, :8]
     assert not any(torch.equal(t, p) for t in training_spans for p in probe_spans)
+
+
+def test_copy_loss_repeat_leaves_out_exactly_the_first_spans_targets():
+    """Targets 1..span-1 of a copy row (its first span's random tokens) are IGNORE; the span's first token
+    is no target anyway; the repeat, the filler and every text row keep theirs; the inputs are unchanged."""
+    tokens, x, y = batch()
+    plain_x, plain_y = with_copies(x, y, tokens, VOCAB, 0.5, span=8, seed=0, step=3)
+    cx, cy = with_copies(x, y, tokens, VOCAB, 0.5, span=8, seed=0, step=3, loss="repeat")
+    assert torch.equal(cx, plain_x)
+    copies = [row for row in range(B) if not torch.equal(plain_x[row], x[row])]
+    assert len(copies) == 4
+    for row in range(B):
+        ignored = (cy[row] == IGNORE).nonzero().flatten().tolist()
+        assert ignored == (list(range(7)) if row in copies else []), row
+        kept = cy[row] != IGNORE
+        assert torch.equal(cy[row][kept], plain_y[row][kept])
+
+
+def test_the_training_loss_is_the_mean_over_the_targets_in_the_loss(compose_config, mini_data, tmp_path):
+    """With train.copy_loss=repeat the step's loss averages the counted targets only."""
+    overrides = ["experiment=smoke", f"data.path={mini_data}", "train.copy_fraction=0.5", "train.copy_loss=repeat"]
+    run = prepare(compose_config("train", overrides), tmp_path, World())
+    x, y = training_batch(run, 1)
+    counted = y != IGNORE
+    assert 0 < int((~counted).sum()) < counted.numel()
+    with torch.no_grad():
+        nll = run.loss_fn(x, y)
+    expected = float(nll[counted].mean())
+    loss, _ = train_step(run, x, y, 1)
+    assert loss == pytest.approx(expected, rel=1e-5)
+    assert float(nll.mean()) != pytest.approx(expected, rel=1e-3)  # the plain mean would differ
 
 
 def test_the_span_is_capped_at_half_the_sequence():

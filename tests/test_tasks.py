@@ -258,6 +258,7 @@ def test_learned_positions_past_their_table_are_unsupported(compose_config):
         (["task.distances=[16,-1]"], "must be non-negative"),
         (["task.loss=most"], "task.loss must be one of answer, all"),
         (["probes=[copy]"], "trains on no text"),
+        (["train.copy_loss=repeat"], "task=passkey trains on no text, which train.copy_loss needs"),
     ],
 )
 def test_bad_task_options_fail_at_start_up(compose_config, overrides, fragment):

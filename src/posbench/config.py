@@ -64,6 +64,9 @@ class TrainConfig:
     #: repeated at once (pure-copy warm-up: the copy circuit forms before text competes with it); then
     #: ``copy_fraction`` applies. Its validations do not count toward ``patience``.
     copy_warmup_steps: int = 0
+    #: Which targets of a copy sequence count in the loss: ``all``, or ``repeat``: not the first span's
+    #: (random tokens no model can predict, whose gradient is noise beside the copy's: docs/tasks.md).
+    copy_loss: str = "all"
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
     #: L must divide that. train_len must be the longest of them (one rule, no guessing whether train_len
@@ -156,6 +159,7 @@ def config_on_schema(saved) -> DictConfig:
 
 
 EVAL_MODES = ("nonoverlapping", "sliding")
+COPY_LOSSES = ("all", "repeat")
 
 
 def eval_problems(e) -> list[str]:
@@ -213,6 +217,8 @@ def train_problems(cfg) -> list[str]:
         found.append(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
     if t.copy_warmup_steps < 0:
         found.append(f"train.copy_warmup_steps must be a non-negative number of steps, got {t.copy_warmup_steps}")
+    if t.copy_loss not in COPY_LOSSES:
+        found.append(f"train.copy_loss must be one of {', '.join(COPY_LOSSES)}, got {t.copy_loss!r}")
     found += train_lengths_problems(cfg)
     if t.val_lens is not None:
         found += lengths_problems("train.val_lens", list(t.val_lens))
@@ -259,6 +265,7 @@ def task_problems(cfg) -> list[str]:
             ("probes", cfg.probes),
             ("train.copy_fraction", cfg.train.copy_fraction),
             ("train.copy_warmup_steps", cfg.train.copy_warmup_steps),
+            ("train.copy_loss", cfg.train.copy_loss != "all"),
             ("train.val_lens", cfg.train.val_lens),
         )
         if given

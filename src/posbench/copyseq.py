@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .tasks.base import IGNORE
+
 #: Keys the probe's generators apart from any seeded with a plain training seed.
 COPY_STREAM = 0xC0B1
 #: Keys the generators of training's copy sequences (``train.copy_fraction``) apart from the probe's.
@@ -37,23 +39,37 @@ def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, 
 
 
 def with_copies(
-    x: Tensor, y: Tensor, tokens: Tensor, vocab_size: int, fraction: float, span: int, seed: int, step: int
+    x: Tensor,
+    y: Tensor,
+    tokens: Tensor,
+    vocab_size: int,
+    fraction: float,
+    span: int,
+    seed: int,
+    step: int,
+    loss: str = "all",
 ) -> tuple[Tensor, Tensor]:
     """Training batch (x, y) with round(fraction x B) of its sequences, chosen at random, replaced by copy sequences.
 
     A copy sequence (as long as a row of x plus one) is a random span of min(``span``, half its length) tokens,
     d tokens of ``tokens`` (d uniform from 0 to what the length allows), the span again, then more of the same
     text. Drawn by a NumPy generator keyed by (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's,
-    and the same again when a resumed run redoes ``step``.
+    and the same again when a resumed run redoes ``step``. ``loss="repeat"``: the targets within the first
+    span are IGNORE (no model can predict a random token; ``train.copy_loss``).
     """
     sequences = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1): y is x shifted by one
     batch, length = sequences.shape
     rng = np.random.default_rng([TRAIN_COPY_STREAM, seed, step])
     span = min(span, length // 2)
     text = length - 2 * span  # real-text tokens per copy sequence
+    rows = []
     for row in rng.choice(batch, round(fraction * batch), replace=False).tolist():
         distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
         copied = torch.from_numpy(rng.integers(0, vocab_size, span)).to(sequences)
         filler = tokens[offset : offset + text].to(sequences)
         sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
-    return sequences[:, :-1], sequences[:, 1:]
+        rows.append(row)
+    x, y = sequences[:, :-1], sequences[:, 1:].clone()  # y apart from x, so that masking it leaves x alone
+    if loss == "repeat":
+        y[rows, : span - 1] = IGNORE  # the targets 1..span-1: the first span's own random tokens
+    return x, y

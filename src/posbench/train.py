@@ -76,7 +76,8 @@ def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     fraction, span = (1.0, length) if step <= cfg.train.copy_warmup_steps else (cfg.train.copy_fraction, cfg.probe.span)
     if not fraction:
         return x, y
-    return with_copies(x, y, train_split, run.corpus.vocab_size, fraction, span, cfg.seed, step)
+    vocab = run.corpus.vocab_size
+    return with_copies(x, y, train_split, vocab, fraction, span, cfg.seed, step, cfg.train.copy_loss)
 
 
 # One optimizer step on the global batch (x, y); each rank computes the loss of its own rows.
@@ -85,8 +86,9 @@ def train_step(run: Run, x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[f
     run.model.train()
     rows = run.rows[x.shape[1]]
     nll = run.loss_fn(x[rows].to(run.device), y[rows].to(run.device))  # (B, T)
-    # targets outside a task's loss are IGNORE, with NLL 0: the mean is over the others
-    loss = nll.mean() if run.task is None else nll.sum() / (y[rows] != IGNORE).sum().to(run.device)
+    # targets outside the loss (a task's, train.copy_loss's) are IGNORE, with NLL 0: the mean is over the others
+    counted = y[rows] != IGNORE
+    loss = nll.mean() if counted.all() else nll.sum() / counted.sum().to(run.device)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.train.grad_clip)
