@@ -34,7 +34,7 @@ def learned(results: pd.DataFrame, task: str) -> str:
     """The seeds that learned the task, and the first validation step at which each did."""
     runs = task_runs(results, task)
     if not runs["learned"].any():
-        return f"not learned (best {runs['valid_accuracy'].max():.2f})"
+        return f"not learned (best {runs['valid_accuracy'].max():.3f})"  # 3 digits: 0.945 is not 0.95
     steps = ", ".join(f"{int(step):,}" for step in sorted(runs.loc[runs["learned"], "learned_step"].dropna()))
     return f"{seeds_learned(runs)} (step {steps})"
 

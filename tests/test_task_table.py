@@ -39,7 +39,7 @@ def test_cells_are_d0_and_longest_and_unlearned_or_unserved_models_say_so(tmp_pa
     assert lines[2:] == [
         "| alibi | 2 of 2 (step 900, 1,500) | 1.00 / 0.75 | 0.50 / 0.12 |",
         "| learned | 1 of 1 (step 300) | 1.00 / 1.00 | unsupported |",
-        "| none | not learned (best 0.50) |  |  |",
+        "| none | not learned (best 0.500) |  |  |",
     ]
 
 
