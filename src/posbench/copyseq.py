@@ -62,14 +62,14 @@ def with_copies(
     rng = np.random.default_rng([TRAIN_COPY_STREAM, seed, step])
     span = min(span, length // 2)
     text = length - 2 * span  # real-text tokens per copy sequence
-    rows = []
-    for row in rng.choice(batch, round(fraction * batch), replace=False).tolist():
+    rows = rng.choice(batch, round(fraction * batch), replace=False).tolist()
+    for row in rows:
         distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
         copied = torch.from_numpy(rng.integers(0, vocab_size, span)).to(sequences)
         filler = tokens[offset : offset + text].to(sequences)
         sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
-        rows.append(row)
-    x, y = sequences[:, :-1], sequences[:, 1:].clone()  # y apart from x, so that masking it leaves x alone
+    x, y = sequences[:, :-1], sequences[:, 1:]
     if loss == "repeat":
+        y = y.clone()  # apart from x, which shares its storage
         y[rows, : span - 1] = IGNORE  # the targets 1..span-1: the first span's own random tokens
     return x, y
