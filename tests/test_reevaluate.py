@@ -6,6 +6,8 @@ import pytest
 from posbench.checkpoint import CHECKPOINT
 from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
+from posbench.report.collect import collect_runs
+from posbench.runfolder import run_configs
 
 
 @pytest.fixture
@@ -105,3 +107,17 @@ def test_a_sweep_over_checkpoints_evaluates_each_into_its_own_run(tmp_path, save
         results = pd.read_csv(run / "results.csv")
         assert list(results["encoding"]) == [encoding] and list(results["eval_len"]) == [32]
         assert (run / ".hydra" / "eval" / "config.yaml").is_file()
+
+
+def test_a_run_measured_last_with_a_variant_is_still_averaged_with_its_seeds(tmp_path, saved_run, evaluate):
+    # the folder keeps the config the run was trained with: a RoPE scaling or log-n measured last must not
+    # set the run apart from another seed of its line (the rows name their variant themselves)
+    plain, extended = saved_run(tmp_path / "runs" / "a"), saved_run(tmp_path / "runs" / "b")
+    evaluate(plain, ["eval_lens=[64]"])
+    evaluate(extended, ["eval_lens=[64]"])
+    evaluate(extended, ["eval_lens=[64]", "rope.scaling.type=yarn", "rope.scaling.factor=4", "model.logn_scaling=true"])
+    for run in (plain, extended):
+        (config,) = run_configs(run).values()
+        assert config["encoding"]["scaling"]["type"] is None and config["model"]["logn_scaling"] is False
+    runs = collect_runs(tmp_path / "runs").reported
+    assert len(runs) == 2 and {run.config for run in runs} == {""}
