@@ -191,10 +191,17 @@ run_evals() {
     eval_once "$run" eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
 }
 
+# whether task run $1 learned its task, by its rows as trained (variant, the second column, empty): a variant's own
+# not_learned rows, written by an earlier call of this stage, say nothing of the model
+learned_task() {
+    [[ -s "$1/task_results.csv" ]] &&
+        ! awk -F, 'NR > 1 && $2 == "" && /,not_learned,/ {found = 1} END {exit !found}' "$1/task_results.csv"
+}
+
 # the evaluation-time variants of one finished task run; none where it did not learn its task (nothing to extend)
 run_task_evals() {
     local run=$1 encoding
-    ! grep -q not_learned "$run/task_results.csv" 2>/dev/null || return 0
+    learned_task "$run" || return 0
     encoding=$(run_encoding "$run")
     if [[ "$encoding" == rope ]]; then rope_scalings "$run" 4 32; fi
     if [[ " $TASK_VARIANT_ENCODINGS " == *" $encoding "* ]]; then sharpenings "$run"; fi

@@ -348,9 +348,12 @@ def test_reproduce_task_remedies_randomize_positions_on_passkey_and_copy(clone, 
 def test_reproduce_task_evals_extend_the_tasks0_runs_that_learned_their_task(clone, tmp_path):
     """RoPE scalings at x4 and x32 on rope, log-n and temperatures on rope and sinusoidal; nothing on a run that
     did not learn its task, on an unfinished one, on other encodings or on other seeds' task runs."""
+    variant_not_learned = "sinusoidal,temp2,64,not_learned"
     for stage, name, status, files in [
         ("tasks0", "task=passkey,encoding=rope,seed=0", "ok", ["checkpoint.pt"]),
         ("tasks0", "task=copy,encoding=sinusoidal,seed=0", "ok", ["checkpoint.pt"]),
+        # learned; an earlier call's variant at train_len did not: extended all the same
+        ("tasks0", "task=passkey,encoding=sinusoidal,seed=0", f"ok,\n{variant_not_learned}", ["checkpoint.pt"]),
         ("tasks0", "task=copy,encoding=rope,seed=0", "not_learned", ["checkpoint.pt"]),
         ("tasks0", "task=mqar,encoding=rope,seed=0", "ok", ["checkpoint.pt", "last.pt"]),
         ("tasks0", "task=passkey,encoding=alibi,seed=0", "ok", ["checkpoint.pt"]),
@@ -360,17 +363,19 @@ def test_reproduce_task_evals_extend_the_tasks0_runs_that_learned_their_task(clo
         (run / ".hydra").mkdir(parents=True)
         encoding = name.split("encoding=")[1].split(",")[0]
         (run / ".hydra" / "config.yaml").write_text(f"encoding:\n  name: {encoding}\nseed: {stage[-1]}\n")
-        (run / "task_results.csv").write_text(f"encoding,eval_len,status\n{encoding},64,{status}\n")
+        (run / "task_results.csv").write_text(f"encoding,variant,eval_len,status,reason\n{encoding},,64,{status},\n")
         for file in files:
             (run / file).write_text("")
     by_run = {}
     for command in reproduce(clone, tmp_path, "task_evals"):
         [checkpoint] = [v.strip("'") for v in values_of("checkpoint", [command])]
         by_run.setdefault(Path(checkpoint).name, []).append(" ".join(a for a in command[1:] if "=" in a))
-    assert sorted(by_run) == ["task=copy,encoding=sinusoidal,seed=0", "task=passkey,encoding=rope,seed=0"]
+    extended = ["task=copy,encoding=sinusoidal,seed=0", "task=passkey,encoding=rope,seed=0"]
+    assert sorted(by_run) == sorted([*extended, "task=passkey,encoding=sinusoidal,seed=0"])
     sharpenings = ["model.logn_scaling=true"] + [f"eval.attn_temperature={t}" for t in ("1.25", "1.5", "2")]
     scalings = [f"rope.scaling.type={t} rope.scaling.factor={f}" for t in ("linear", "ntk", "yarn") for f in (4, 32)]
     for name, expected in [("task=copy,encoding=sinusoidal,seed=0", sharpenings),
+                           ("task=passkey,encoding=sinusoidal,seed=0", sharpenings),
                            ("task=passkey,encoding=rope,seed=0", scalings + sharpenings)]:  # fmt: skip
         assert sorted(c.split(" checkpoint=")[0].removesuffix(" device=auto") for c in by_run[name]) == sorted(
             expected
