@@ -36,7 +36,7 @@ def learned(results: pd.DataFrame, task: str) -> str:
     if not runs["learned"].any():
         return f"not learned (best {runs['valid_accuracy'].max():.3f})"  # 3 digits: 0.945 is not 0.95
     steps = ", ".join(f"{int(step):,}" for step in sorted(runs.loc[runs["learned"], "learned_step"].dropna()))
-    return f"{seeds_learned(runs)} (step {steps})"
+    return f"{seeds_learned(runs)} (step {steps})" if steps else seeds_learned(runs)  # a variant: not trained
 
 
 def table(report: Path, task: str, near: int = 0) -> str:

@@ -2,12 +2,14 @@
 
 import pandas as pd
 import pytest
+import torch
 
 from posbench.checkpoint import CHECKPOINT
 from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
 from posbench.report.collect import collect_runs
 from posbench.runfolder import run_configs
+from posbench.saved_run import load_run
 
 
 @pytest.fixture
@@ -121,3 +123,20 @@ def test_a_run_measured_last_with_a_variant_is_still_averaged_with_its_seeds(tmp
         assert config["encoding"]["scaling"]["type"] is None and config["model"]["logn_scaling"] is False
     runs = collect_runs(tmp_path / "runs").reported
     assert len(runs) == 2 and {run.config for run in runs} == {""}
+
+
+def test_the_model_as_trained_is_the_saved_one_without_the_commands_encoding_options(run, compose_config):
+    # a RoPE scaling changes the model itself: the model as trained (by which a task run is judged) has none
+    register()
+    x = torch.arange(48)[None]
+
+    def loaded(*overrides):
+        command = compose_config("eval", [f"checkpoint={run}", *overrides])
+        return load_run(command, ["checkpoint", *(o.split("=")[0] for o in overrides)])
+
+    plain, scaled = loaded(), loaded("rope.scaling.type=linear", "rope.scaling.factor=4")
+    assert plain.as_trained() is plain.model
+    assert scaled.as_trained() is not scaled.model
+    with torch.no_grad():
+        assert not torch.allclose(scaled.model(x), plain.model(x))
+        assert torch.equal(scaled.as_trained()(x), plain.model(x))

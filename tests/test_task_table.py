@@ -9,14 +9,14 @@ import pandas as pd
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "task_table.py"
 
 
-def point(encoding, eval_len, distance, accuracy, seeds=1, unsupported=0):
-    return dict(task="passkey", encoding=encoding, variant=None, train_len=64, train_lengths="64", eval_len=eval_len,
+def point(encoding, eval_len, distance, accuracy, seeds=1, unsupported=0, variant=None):
+    return dict(task="passkey", encoding=encoding, variant=variant, train_len=64, train_lengths="64", eval_len=eval_len,
                 distance=distance, not_learned=1 - seeds, unsupported=unsupported, accuracy_mean=accuracy,
                 accuracy_std=None, seeds=seeds)  # fmt: skip
 
 
-def run(encoding, seed, learned_step, status="ok", valid_accuracy=1.0):
-    return dict(task="passkey", encoding=encoding, variant=None, train_len=64, seed=seed, run_id=f"{encoding}{seed}",
+def run(encoding, seed, learned_step, status="ok", valid_accuracy=1.0, variant=None):
+    return dict(task="passkey", encoding=encoding, variant=variant, train_len=64, seed=seed, run_id=f"{encoding}{seed}",
                 learned_step=learned_step, status=status, valid_accuracy=valid_accuracy)  # fmt: skip
 
 
@@ -27,10 +27,13 @@ def test_cells_are_d0_and_longest_and_unlearned_or_unserved_models_say_so(tmp_pa
         point("learned", 64, 0, 1.0), point("learned", 64, 55, 1.0),
         point("learned", 128, 0, None, seeds=0, unsupported=1), point("learned", 128, 119, None, 0, 1),
         point("none", 64, 0, None, seeds=0), point("none", 128, 0, None, seeds=0),
+        point("alibi", 64, 0, 0.5, variant="temp2"), point("alibi", 64, 55, 0.25, variant="temp2"),
+        point("alibi", 128, 0, 0.0, variant="temp2"), point("alibi", 128, 119, 0.0, variant="temp2"),
     ]  # fmt: skip
     pd.DataFrame(summary).to_csv(tmp_path / "task_summary.csv", index=False)
     runs = [run("alibi", 0, 1500.0), run("alibi", 1, 900.0), run("learned", 0, 300.0),
-            run("none", 0, None, "not_learned", 0.25), run("none", 1, None, "not_learned", 0.5)]  # fmt: skip
+            run("none", 0, None, "not_learned", 0.25), run("none", 1, None, "not_learned", 0.5),
+            run("alibi", 0, None, variant="temp2")]  # fmt: skip  # an evaluation-time variant: no training step
     pd.DataFrame(runs).to_csv(tmp_path / "task_results.csv", index=False)
     done = subprocess.run([sys.executable, SCRIPT, tmp_path, "--task", "passkey"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -38,6 +41,7 @@ def test_cells_are_d0_and_longest_and_unlearned_or_unserved_models_say_so(tmp_pa
     assert lines[0] == "| encoding | learned | 64 (1×) | 128 (2×) |"
     assert lines[2:] == [
         "| alibi | 2 of 2 (step 900, 1,500) | 1.00 / 0.75 | 0.50 / 0.12 |",
+        "| alibi (temp2) | 1 of 1 | 0.50 / 0.25 | 0.00 / 0.00 |",
         "| learned | 1 of 1 (step 300) | 1.00 / 1.00 | unsupported |",
         "| none | not learned (best 0.500) |  |  |",
     ]

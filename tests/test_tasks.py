@@ -21,7 +21,7 @@ from posbench.errors import PosbenchError
 from posbench.model import LanguageModel
 from posbench.positional import build_encoding
 from posbench.tasks import build_task
-from posbench.tasks.measure import eval_distances, measure_task, training_sequences
+from posbench.tasks.measure import eval_distances, measure_task, measured, training_sequences
 from posbench.train import train
 
 #: Seconds: the tiny model, 10 steps, two lengths, few trials.
@@ -238,6 +238,34 @@ def test_random_weights_score_chance(compose_config):
     assert (rows["accuracy"] == 0.0).all()  # four symbols in a row: chance is 32^-4
     assert rows["token_accuracy"].max() < 4 / task.cfg.symbols  # chance: 1/32
     assert np.allclose(rows["nll"], math.log(task.vocab_size), atol=0.05)  # near-uniform logits
+
+
+class Oracle(Retriever):
+    """The Retriever as a model (``forward`` then ``head``, as ``measured`` calls one): right at every length."""
+
+    precision = "fp32"
+
+    def __init__(self, vocab_size: int):
+        super().__init__(vocab_size)
+        self.head = nn.Identity()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.logits(idx, idx.shape[1])
+
+
+def test_the_model_as_trained_judges_whether_the_task_was_learned(compose_config):
+    # a variant that breaks the model (random weights here) is measured as it is, and judged by the model as
+    # trained (the oracle): its rows show the damage at train_len, not "not learned"
+    cfg = compose_config("train", ["task=passkey", "model=tiny", "eval_lens=[64]", "task.trials=8", "precision=fp32"])
+    task = build_task(cfg.task)
+    torch.manual_seed(0)
+    broken = LanguageModel(cfg.model, cfg.encoding, task.vocab_size, cfg.train_len)
+    rows = measured(broken, task, cfg, "cpu", as_trained=Oracle(task.vocab_size))
+    assert (rows["status"] == "ok").all() and (rows["valid_accuracy"] == 1.0).all() and (rows["accuracy"] == 0).all()
+    alone = measured(broken, task, cfg, "cpu")
+    assert (alone["status"] == "not_learned").all() and (alone["valid_accuracy"] == 0.0).all()
+    judged_right = measured(Oracle(task.vocab_size), task, cfg, "cpu", as_trained=broken)
+    assert (judged_right["status"] == "not_learned").all() and (judged_right["accuracy"] == 1.0).all()
 
 
 def test_learned_positions_past_their_table_are_unsupported(compose_config):

@@ -63,14 +63,24 @@ class LoadedRun:
     model: LanguageModel
     device: torch.device
     state: ModelState
-    trained: dict  # the config the run was trained with, without the command's keys
+    trained: DictConfig  # the config the run was trained with, without the command's keys
 
     def taken_into(self, out_dir: Path) -> None:
         """Before rows of this run go into ``out_dir`` (whose lock the caller holds): they can, and the
         folder keeps the run's config for the report. The config as trained, not as measured: the report
         tells seeds apart by it, and the rows name their evaluation-time variant themselves."""
         check_mergeable(out_dir)
-        save_run_config(out_dir, self.state.run_id, self.trained)
+        save_run_config(out_dir, self.state.run_id, OmegaConf.to_container(self.trained, resolve=True))
+
+    def as_trained(self) -> LanguageModel:
+        """The model without the command's encoding options (a RoPE scaling changes the model itself, not
+        only how it attends): what it learned is judged on this one."""
+        if self.trained.encoding == self.cfg.encoding:
+            return self.model
+        t = self.trained
+        model = LanguageModel(t.model, t.encoding, self.model.head.out_features, t.train_len, self.model.precision)
+        model.load_state_dict(self.model.state_dict())
+        return model.to(self.device)
 
 
 def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
@@ -99,5 +109,4 @@ def load_run(command: DictConfig, keys: list[str]) -> LoadedRun:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
         raise PosbenchError(f"the checkpoint's weights do not fit its config: {str(e).splitlines()[0]}") from None
-    trained = OmegaConf.to_container(config_on_schema(payload["config"]), resolve=True)
-    return LoadedRun(cfg, corpus, model, device, state, trained)
+    return LoadedRun(cfg, corpus, model, device, state, config_on_schema(payload["config"]))

@@ -107,7 +107,8 @@ def evaluate_checkpoint(command: DictConfig, keys: list[str], out_dir: Path, che
     with lock_run_dir(out_dir):
         run.taken_into(out_dir)
         if run.cfg.task:
-            name, results = TASK_RESULTS, measured(run.model, build_task(run.cfg.task), run.cfg, run.device)
+            task = build_task(run.cfg.task)
+            name, results = TASK_RESULTS, measured(run.model, task, run.cfg, run.device, run.as_trained())
             merge_rows(out_dir, name, results, run.state)
         else:  # merges each length's rows as it measures it
             name, results = RESULTS, evaluate_lengths(run.model, run.corpus, run.cfg, run.device, out_dir, run.state)

@@ -141,12 +141,15 @@ def measure_task(model: nn.Module, task: Task, cfg, device, logits_fn: LogitsFn 
     return pd.DataFrame(rows)
 
 
-def measured(model: nn.Module, task: Task, cfg, device) -> pd.DataFrame:
-    """task_results.csv's rows of ``model`` (``measure_task``), judged by its accuracy on the validation
-    sequences at train_len as trained (without the evaluation-time variant)."""
-    model.eval()
+def measured(model: nn.Module, task: Task, cfg, device, as_trained: nn.Module | None = None) -> pd.DataFrame:
+    """task_results.csv's rows of ``model`` (``measure_task``), judged by the accuracy of the model as trained
+    (``as_trained``, or ``model`` itself; without the evaluation-time variant) on the validation sequences at
+    train_len: a variant that breaks the model at train_len shows in its rows there, not as "not learned"."""
+    judge = as_trained if as_trained is not None else model
+    judge.eval()
     batch = validation_sequences(task, cfg.train_len)
-    learned = score_task(model_logits(model), batch, cfg.eval.batch_tokens, device)
+    learned = score_task(model_logits(judge), batch, cfg.eval.batch_tokens, device)
+    model.eval()
     return judged(measure_task(model, task, cfg, device), learned.accuracy, cfg.train_len)
 
 
