@@ -6,17 +6,21 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from posbench.errors import PosbenchError
 from posbench.report import report
+from posbench.report.selection import Selection
 from posbench.report.tasks import collect_tasks, learning_curves, task_heatmaps
 from posbench.runfolder import TASK_RESULTS, TRAIN_LOG, ModelState, merge_rows
 
 
-def task_run(folder, encoding: str, seed: int, accuracies: dict[tuple[int, int], float], status: str = "ok"):
-    """A finished task run's task_results.csv: ``accuracies`` by (eval_len, distance)."""
+def task_run(folder, encoding: str, seed: int, accuracies: dict, status: str = "ok", variant: str = ""):
+    """A finished task run's task_results.csv: ``accuracies`` by (eval_len, distance) (rows of ``variant``
+    merge into a folder that holds the run)."""
     rows = pd.DataFrame(
         [
-            dict(encoding=encoding, variant="", task="passkey", train_len=64, train_lengths="64", seed=seed)
+            dict(encoding=encoding, variant=variant, task="passkey", train_len=64, train_lengths="64", seed=seed)
             | dict(eval_len=length, distance=distance, trials=64, accuracy=accuracy, token_accuracy=accuracy, nll=0.1)
             | dict(status=status, reason="" if status == "ok" else "accuracy 0.2 at train_len 64: not learned")
             | dict(valid_accuracy=1.0 if status == "ok" else 0.2, learned_step=300 if status == "ok" else None)
@@ -24,7 +28,7 @@ def task_run(folder, encoding: str, seed: int, accuracies: dict[tuple[int, int],
             for (length, distance), accuracy in accuracies.items()
         ]
     )
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     merge_rows(folder, TASK_RESULTS, rows, ModelState(f"{encoding}{seed}", 100, True))
 
 
@@ -107,3 +111,15 @@ def test_heat_maps_hold_accuracy_by_distance_row_and_eval_len_with_the_longest_l
         [False, False, True],
     ]
     assert learned.learned and not rope.learned and rope.accuracy.isna().all().all()
+
+
+def test_variants_select_the_task_rows_too(tmp_path):
+    grid = {(64, 0): 1.0, (128, 0): 0.5}
+    task_run(tmp_path / "r0", "rope", 0, grid)
+    task_run(tmp_path / "r0", "rope", 0, {k: v / 4 for k, v in grid.items()}, variant="yarn×4")
+    as_trained = pd.read_csv(report(tmp_path, selection=Selection(variants=())) / "task_results.csv", dtype=str)
+    assert set(as_trained["variant"].fillna("")) == {""} and len(as_trained) == 2
+    both = pd.read_csv(report(tmp_path, selection=Selection(variants=("yarn×4",))) / "task_results.csv", dtype=str)
+    assert set(both["variant"].fillna("")) == {"", "yarn×4"} and len(both) == 4
+    with pytest.raises(PosbenchError, match="variants=yarn×8: no run has it; the runs' variants: yarn×4"):
+        report(tmp_path, selection=Selection(variants=("yarn×8",)))

@@ -30,6 +30,7 @@ from .figures import draw_figures, encoding_colours
 from .generation import collect_generation, draw_generation_figure, generation_markdown, generation_summary
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
+from .selection import variants_in
 from .tables import aggregate, normalise, splits, summary_markdown, unlabelled_single_precision
 from .tasks import (
     collect_tasks,
@@ -58,7 +59,9 @@ def report(root: Path, compare: str | None = None, selection: Selection = KEEP_A
     remove_abandoned_builds(root)
     tasks, tasks_left_out = collect_tasks(root)
     generated, generation_left_out = collect_generation(root)
-    runs = collect_runs(root, selection, required=tasks.empty)
+    beside = frozenset(variants_in(tasks) | variants_in(generated))  # a selection may name their variants too
+    runs = collect_runs(root, selection, required=tasks.empty, found=beside)
+    tasks, generated = selection.rows(tasks), selection.rows(generated)
     left_out = {**tasks_left_out, **generation_left_out, **runs.left_out}
     with replacing(out) as building:
         sections = generation_files(generated, building) + task_files(tasks, building)

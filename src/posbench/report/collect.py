@@ -40,7 +40,7 @@ from ..runfolder import (
 from .config_label import CONFIG_IGNORED, result_changing, told_apart, trained_line
 from .csvs import RUN_CSVS, read_table, row_faults
 from .runs import RUN_IDENTITY, Run, Runs, lengths_text
-from .selection import KEEP_ALL, Selection
+from .selection import KEEP_ALL, Selection, variants_in
 
 # fmt: off
 __all__ = [
@@ -60,10 +60,13 @@ RUN_MARKERS = (HYDRA_DIR, RESULTS, f"{RESULTS}.gz", TASK_RESULTS, RESUME_CHECKPO
 REQUIRED_COLUMNS = ("encoding", "train_len", "eval_len", "split", "ppl", "status", "run_dir")
 
 
-def collect_runs(root: Path, selection: Selection = KEEP_ALL, required: bool = True) -> Runs:
+def collect_runs(
+    root: Path, selection: Selection = KEEP_ALL, required: bool = True, found: frozenset[str] = frozenset()
+) -> Runs:
     """Every CSV of RUN_CSVS in the run folders below ``root`` (the report folder excluded), the rows that
     ``selection`` keeps; a run none of whose results it keeps is not reported. Not ``required`` (a folder
-    of task runs, which ``report.tasks`` reads): finding none is no error."""
+    of task runs, which ``report.tasks`` reads): finding none is no error. ``found``: the variants of the
+    rows read beside these (task, generation), which the selection may name too."""
     read, left_out = [], dict(symbolic_links(root))
     for folder in run_folders(root):
         runs, problems = read_runs(folder)
@@ -72,13 +75,13 @@ def collect_runs(root: Path, selection: Selection = KEEP_ALL, required: bool = T
             left_out[folder] = "; ".join(problems)
     for folder, reason in left_out.items():
         log.warning("leaving out %s: %s", folder, reason)
-    if not read and not required:
-        return Runs([], left_out)
-    if not read:
+    if not read and required:
         example = next(iter(left_out.items()), None)
         left = f"; {len(left_out)} run folder(s) left out, e.g. {example[0]}: {example[1]}" if example else ""
         raise PosbenchError(f"no finished runs under {root} (no readable results.csv){left}")
-    selection.check_found(read)
+    selection.check_found(set(found).union(*(variants_in(run.tables[RESULTS]) for run in read)))
+    if not read:
+        return Runs([], left_out)
     reported = [kept for run in told_apart(read) if (kept := selection.apply(run)) is not None]
     if not reported:
         raise PosbenchError(f"no results under {root} that {selection} keeps")

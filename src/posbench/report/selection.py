@@ -49,14 +49,23 @@ class Selection:
         tables = {name: table[self.keep(table)].reset_index(drop=True) for name, table in run.tables.items()}
         return replace(run, tables=tables) if len(tables[RESULTS]) else None
 
-    def check_found(self, runs: list[Run]) -> None:
-        """Every variant named was measured somewhere: a misspelt one fails instead of leaving an empty line."""
-        variants = (run.tables[RESULTS].get("variant", pd.Series(dtype=object)).dropna() for run in runs)
-        found = {variant_parts(str(v))[1] for column in variants for v in column}
+    def rows(self, table: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``table`` (task or generation rows, read beside the runs) that this selection keeps."""
+        return table[self.keep(table)].reset_index(drop=True)
+
+    def check_found(self, found: set[str]) -> None:
+        """Every variant named was measured somewhere (``found``: ``variants_in`` every table read): a misspelt
+        one fails instead of leaving an empty line."""
         missing = sorted(set(self.variants or ()) - found)
         if missing:
             there = ", ".join(sorted(found - {""})) or "none"
             raise PosbenchError(f"variants={','.join(missing)}: no run has it; the runs' variants: {there}")
+
+
+def variants_in(table: pd.DataFrame) -> set[str]:
+    """The evaluation-time variants of ``table``'s rows ("" for the models as trained)."""
+    column = table.get("variant", pd.Series(dtype=object)).dropna()
+    return {variant_parts(str(v))[1] for v in column}
 
 
 #: The selection of a report without ``variants=`` or ``modes=``: every evaluation.
