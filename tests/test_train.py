@@ -208,7 +208,7 @@ def test_a_finish_killed_between_lengths_and_probes_resumes_where_it_was(small_c
     """A kill during the evaluation, then one during the probes: each retry measures only what is missing,
     and the run's CSVs hold the uninterrupted run's numbers."""
     from posbench import evaluate
-    from posbench.probes import suite
+    from posbench.probes import copy, suite
 
     config = lambda: small_config("probes=[context,window,copy]", "probe.contexts=[4,16]", "probe.trials=4")  # noqa: E731
     train(config(), tmp_path / "reference")
@@ -219,15 +219,18 @@ def test_a_finish_killed_between_lengths_and_probes_resumes_where_it_was(small_c
     monkeypatch.undo()
     lengths = fail_at_call(monkeypatch, evaluate, "timed_score", call=0)  # counts only
     contexts = fail_at_call(monkeypatch, suite, "context_usage", call=0)
-    fail_at_call(monkeypatch, suite, "copy_probe", call=1)
-    with pytest.raises(RuntimeError, match="killed in copy_probe"):
+    fail_at_call(monkeypatch, copy, "score_copies", call=2)  # its first distance measured
+    with pytest.raises(RuntimeError, match="killed in score_copies"):
         train(config(), tmp_path / "run")
     assert lengths["n"] == 1 + 2 and contexts["n"] == 1  # 64 alone, then the window probe's 32 and 64
+    assert list(pd.read_csv(tmp_path / "run" / "copy_probe.csv")["distance"]) == [0]  # kept at once
     monkeypatch.undo()
     lengths = fail_at_call(monkeypatch, evaluate, "timed_score", call=0)
     contexts = fail_at_call(monkeypatch, suite, "context_usage", call=0)
+    copies = fail_at_call(monkeypatch, copy, "score_copies", call=0)
     train(config(), tmp_path / "run")
     assert lengths["n"] == 0 and contexts["n"] == 0  # the evaluation, context and window probes kept
+    assert copies["n"] == len(pd.read_csv(tmp_path / "reference" / "copy_probe.csv")) - 1  # all but distance 0
     assert not (tmp_path / "run" / RESUME_CHECKPOINT).exists()
     for name in ("results.csv", "per_position.csv", "context_usage.csv", "copy_probe.csv"):
         ours, reference = (pd.read_csv(tmp_path / run / name) for run in ("run", "reference"))

@@ -24,7 +24,7 @@ the logits (B, last, V) of the last ``last`` positions of ``idx`` (B, T), by def
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Collection, List, Optional
 
 import pandas as pd
 import torch
@@ -122,22 +122,30 @@ def copy_probe(
     cfg: CopyProbeConfig,
     batch_tokens: int,
     logits_fn: LogitsFn | None = None,
+    measured: Collection[int] = (),
+    on_row: Callable[[pd.DataFrame], None] | None = None,
 ) -> pd.DataFrame:
-    """The copy probe of ``model``, filler from ``tokens`` (1-D): one row per distance; see the module."""
+    """The copy probe of ``model``, filler from ``tokens`` (1-D): one row per distance; see the module.
+
+    ``measured``: distances left out (measured already, by an interrupted attempt on the same weights);
+    ``on_row``: called with each distance's row as soon as it is measured (a long probe's rows are kept
+    as it goes)."""
     model.eval()
     logits_fn = logits_fn or default_logits_fn(model)
     distances = within_data(cfg.distances or default_distances(train_len), len(tokens), "probe.distances")
     spans = draw_spans(vocab_size, cfg)
     rows = []
-    for distance in distances:
+    for distance in (d for d in distances if d not in measured):
         where = dict(distance=distance, trials=cfg.trials)
         reason = model.encoding.unsupported_reason(2 * cfg.span + distance - 1)
         if reason:
             rows.append(dict(where, status="unsupported", reason=reason))
-            continue
-        sequences = torch.cat(copy_sequences(tokens, spans, distance, cfg.seed))  # copies, then baselines
-        nll, hit = score_copies(logits_fn, sequences, cfg.span, batch_tokens, device_of(model))
-        rows.append(dict(where, **summarize(nll, hit, cfg.trials), status="ok", reason=""))
+        else:
+            sequences = torch.cat(copy_sequences(tokens, spans, distance, cfg.seed))  # copies, then baselines
+            nll, hit = score_copies(logits_fn, sequences, cfg.span, batch_tokens, device_of(model))
+            rows.append(dict(where, **summarize(nll, hit, cfg.trials), status="ok", reason=""))
+        if on_row is not None:
+            on_row(pd.DataFrame(rows[-1:], columns=COLUMNS))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -4,7 +4,8 @@ Each CSV starts with the run's identity columns (encoding, variant, train_len, s
 model's state; rows are merged as every result row is (``runfolder.merge_rows``), a probe's as it finishes.
 The window probe writes results.csv rows of variant ``windowW`` (and per_position.csv), a length at a time.
 Training's finish, resumed after a kill, keeps what its earlier attempt measured (``keep_measured``): a probe
-whose last CSV (``FINISHED_BY``) holds rows of these weights, and the window probe's measured lengths.
+whose last CSV (``FINISHED_BY``) holds rows of these weights, the window probe's measured lengths and the copy
+probe's measured distances (both merged as they are measured: their long lengths take hours).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 #: What a probe returns: rows by the CSV they go to, merged in this order.
 Tables = dict[str, pd.DataFrame]
 #: The CSV a probe merges last: its rows of a model say that the probe finished on it.
-FINISHED_BY = {"context": CONTEXT_CSV, "copy": COPY_CSV, "attention": ATTENTION_CSV}
+FINISHED_BY = {"context": CONTEXT_CSV, "attention": ATTENTION_CSV}
 
 
 def probe_tokens(corpus: Corpus, cfg: DictConfig):
@@ -83,8 +84,21 @@ def window(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state:
 
 
 def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured) -> Tables:
-    tokens, probe = probe_tokens(corpus, cfg), probe_config(cfg.probe)
-    return {COPY_CSV: copy_probe(model, tokens, corpus.vocab_size, cfg.train_len, probe, cfg.eval.batch_tokens)}
+    """Each distance's row merged into copy_probe.csv as it is measured; with ``keep_measured``, the distances
+    already there (measured on these weights, in this variant) are not measured again."""
+    tokens, probe, identity = probe_tokens(corpus, cfg), probe_config(cfg.probe), probe_identity(cfg)
+    kept = measured_rows(out_dir, COPY_CSV, state) if keep_measured else pd.DataFrame()
+    measured = set(kept.loc[kept["variant"].fillna("") == identity["variant"], "distance"]) if len(kept) else set()
+    if measured:
+        log.info(
+            "probe copy: distances %s kept, measured on these weights before the run was interrupted", sorted(measured)
+        )
+
+    def merge(row: pd.DataFrame) -> None:
+        merge_tables(out_dir, {COPY_CSV: row}, identity, state)
+
+    copy_probe(model, tokens, corpus.vocab_size, cfg.train_len, probe, cfg.eval.batch_tokens, None, measured, merge)
+    return {}
 
 
 def attention(
@@ -106,25 +120,30 @@ def run_probes(
 
     The probes see the model as ``evaluate_lengths`` does, in the evaluation-time variant of ``eval.*``
     (the window probe sets its own window), and their rows are labelled with that variant."""
-    e = cfg.eval
-    identity = dict(
-        encoding=cfg.encoding.name,
-        variant=variant_of(cfg.encoding, e, cfg.model),
-        train_len=cfg.train_len,
-        seed=cfg.seed,
-    )
+    identity = probe_identity(cfg)
     for name in cfg.probes:
         if keep_measured and finished(Path(out_dir), FINISHED_BY.get(name), state, identity["variant"]):
             log.info("probe %s: kept, measured on these weights before the run was interrupted", name)
             continue
         log.info("probe %s", name)
-        with model.attention.evaluated_as(AttentionVariant.of(e, cfg.model)):
+        with model.attention.evaluated_as(AttentionVariant.of(cfg.eval, cfg.model)):
             tables = PROBE_RUNNERS[name](model, corpus, cfg, device, Path(out_dir), state, keep_measured)
-        for csv, rows in tables.items():
-            rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=PROBE_IDENTITY), rows], axis=1)
-            if len(rows):
-                merge_rows(Path(out_dir), csv, rows, state)
-                log.info("probe %s: %d rows written to %s", name, len(rows), Path(out_dir) / csv)
+        merge_tables(Path(out_dir), tables, identity, state)
+
+
+def probe_identity(cfg: DictConfig) -> dict:
+    """The identity columns of the run's probe rows (PROBE_IDENTITY), labelled with the evaluation-time variant."""
+    variant = variant_of(cfg.encoding, cfg.eval, cfg.model)
+    return dict(encoding=cfg.encoding.name, variant=variant, train_len=cfg.train_len, seed=cfg.seed)
+
+
+def merge_tables(out_dir: Path, tables: Tables, identity: dict, state: ModelState) -> None:
+    """A probe's rows, each table after the run's ``identity`` columns, merged into its CSV in ``out_dir``."""
+    for csv, rows in tables.items():
+        rows = pd.concat([pd.DataFrame([identity] * len(rows), columns=PROBE_IDENTITY), rows], axis=1)
+        if len(rows):
+            merge_rows(Path(out_dir), csv, rows, state)
+            log.info("%d rows written to %s", len(rows), Path(out_dir) / csv)
 
 
 def finished(out_dir: Path, csv: str | None, state: ModelState, variant: str) -> bool:
