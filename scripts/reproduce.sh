@@ -191,11 +191,13 @@ run_evals() {
     eval_once "$run" eval.mode=sliding "eval.stride=${STRIDE}" "eval.max_tokens=${SLIDING_TOKENS}"
 }
 
-# whether task run $1 learned its task, by its rows as trained (variant, the second column, empty): a variant's own
-# not_learned rows, written by an earlier call of this stage, say nothing of the model
+# whether task run $1 learned its task, by its rows as trained (an empty variant, its column found by the header):
+# a variant's own not_learned rows, written by an earlier call of this stage, say nothing of the model
 learned_task() {
-    [[ -s "$1/task_results.csv" ]] &&
-        ! awk -F, 'NR > 1 && $2 == "" && /,not_learned,/ {found = 1} END {exit !found}' "$1/task_results.csv"
+    [[ -s "$1/task_results.csv" ]] && ! awk -F, '
+        NR == 1 {for (i = 1; i <= NF; i++) if ($i == "variant") column = i; next}
+        column && $column == "" && /,not_learned,/ {found = 1}
+        END {exit !found}' "$1/task_results.csv"
 }
 
 # the evaluation-time variants of one finished task run; none where it did not learn its task (nothing to extend)
