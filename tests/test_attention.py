@@ -106,7 +106,8 @@ def test_query_blocks_go_last_first_so_each_needs_no_more_memory_than_the_last(n
 
     lm = build(name, "eager")
     factor = lm.encoding.logit_memory_factor if lm.encoding.has_layer_terms else 1
-    monkeypatch.setattr(attention_mod, "MASK_BUDGET", int(4 * lm.encoding.n_heads * SEQ * 7 * factor))
+    rows = 2 if lm.encoding.has_layer_terms else 1  # batch()'s 2 sequences: in inference, content blocks hold both
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", int(4 * lm.encoding.n_heads * SEQ * 7 * factor * rows))
     monkeypatch.setattr(backends, "causal_mask", recording_mask)
     lm = build(name, "eager")
     x, _ = batch()
@@ -122,6 +123,32 @@ def test_query_blocks_go_last_first_so_each_needs_no_more_memory_than_the_last(n
 #: for those whose terms run on flex too (``terms_on_flex``: FoX).
 CONTENT = [name for name, (_, cls) in ENCODINGS.items() if cls.layer_terms is not PositionEncoding.layer_terms]
 EAGER_ONLY = [name for name in CONTENT if not ENCODINGS[name][1].terms_on_flex]
+
+
+@pytest.mark.parametrize("name", EAGER_ONLY)
+def test_content_terms_in_inference_hold_the_budget_for_the_whole_batch(name, monkeypatch, build):
+    """Without gradients a block's logit-sized tensors are freed before the next, for every sequence of the
+    batch at once: 3 sequences take blocks a third as tall (in training every block's stay for the backward
+    pass, and the blocks are one sequence's). The numbers equal the full mask's."""
+    x = torch.randint(0, VOCAB, (3, SEQ), generator=torch.Generator().manual_seed(2))
+    lm = build(name, "eager").eval()
+    with torch.no_grad():
+        full = lm(x)
+    factor = lm.encoding.logit_memory_factor
+    monkeypatch.setattr(attention_mod, "MASK_BUDGET", int(4 * lm.encoding.n_heads * SEQ * 21 * factor))
+    lm = build(name, "eager").eval()
+    assert lm.attention.plan(SEQ, x.device, False, 0.0, batch=3).query_block == 7
+    assert lm.attention.plan(SEQ, x.device, True, 0.0, batch=3).query_block == 21
+    planned, plan = [], lm.attention.plan
+
+    def recording(*args, **kwargs):
+        planned.append(plan(*args, **kwargs))
+        return planned[-1]
+
+    monkeypatch.setattr(lm.attention, "plan", recording)
+    with torch.no_grad():
+        torch.testing.assert_close(lm(x), full)
+    assert [plan.query_block for plan in planned] == [7]
 
 
 @pytest.mark.slow

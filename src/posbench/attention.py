@@ -162,15 +162,22 @@ class Attention:
             log.warning(message)
 
     def plan(
-        self, seq_len: int, device: torch.device, needs_grad: bool, dropout_p: float, positions: Tensor | None = None
+        self,
+        seq_len: int,
+        device: torch.device,
+        needs_grad: bool,
+        dropout_p: float,
+        positions: Tensor | None = None,
+        batch: int = 1,
     ) -> Plan:
-        """How every layer attends in a pass over sequences at ``positions`` (T,) or (B, T) (``None``: 0..T-1)."""
+        """How every layer attends in a pass over ``batch`` sequences at ``positions`` (T,) or (B, T) (``None``:
+        0..T-1)."""
         backend = self.pick(seq_len, device, needs_grad, dropout_p)
         limited = self.variant.cuts_at(seq_len)
         reach = self.variant if limited else AS_TRAINED
         indices = self.encoding.counting(seq_len, device)
         positions = indices if positions is None else positions
-        plan = Plan(backend, seq_len, dropout_p, positions=positions, reach=reach)
+        plan = Plan(backend, seq_len, dropout_p, positions=positions, reach=reach, batch=batch)
         plan.positions_are_indices = positions is indices  # the same tensor: see PositionEncoding.counting
         if backend == "flex":
             padded = -(-seq_len // FLEX_BLOCK) * FLEX_BLOCK
@@ -184,7 +191,10 @@ class Attention:
             return plan  # is_causal: no mask at all
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
         rows = len(positions) if positions.dim() == 2 and self.encoding.has_bias else 1  # a bias per sequence
-        budget = MASK_BUDGET / self.encoding.logit_memory_factor if self.encoding.has_layer_terms else MASK_BUDGET
+        budget = MASK_BUDGET
+        if self.encoding.has_layer_terms:  # several logit-sized tensors at once, for each sequence of the pass
+            # (with gradients every block's stay for the backward pass: smaller blocks would spare little memory)
+            rows, budget = (1 if needs_grad else batch), MASK_BUDGET / self.encoding.logit_memory_factor
         if rows * heads * seq_len * seq_len * 4 > budget:
             plan.query_block = max(1, int(budget // (4 * rows * heads * seq_len)))
             return plan
@@ -203,7 +213,7 @@ class Attention:
             self._cache[key] = build()
         return self._cache[key]
 
-    def decoding_plan(self, past: int, new: int, device: torch.device) -> Plan:
+    def decoding_plan(self, past: int, new: int, device: torch.device, batch: int = 1) -> Plan:
         """How every layer attends when ``new`` tokens follow ``past`` tokens in a key/value cache (``cache.py``).
 
         The first pass (``past`` = 0) is planned as any other. Later ones take a dense mask of the new queries
@@ -211,7 +221,7 @@ class Attention:
         no query shorter than its block.
         """
         if past == 0:
-            return self.plan(new, device, False, 0.0)
+            return self.plan(new, device, False, 0.0, batch=batch)
         end = past + new
         reach = self.variant if self.variant.cuts_at(end) else AS_TRAINED  # as in ``plan``
         keys = torch.arange(end, device=device)
@@ -250,7 +260,9 @@ class Attention:
                 name = type(self.encoding).__name__
                 self.warn_once(f"FlexAttention failed for {name} ({reason}); using {self.flex_fallback}")
         if plan.backend == "flex":  # broken this pass: re-plan without flex (eager for layer terms: ``pick``)
-            plan = self.plan(plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions)
+            plan = self.plan(
+                plan.seq_len, q.device, torch.is_grad_enabled(), plan.dropout_p, plan.positions, plan.batch
+            )
         return dense_attention(q, k, v, plan, self.encoding, terms, state)
 
     def scaled(self, q: Tensor, seq_len: int) -> Tensor:

@@ -31,6 +31,7 @@ class Plan:
     mask: Tensor | None = None  # full (1, H|1, T, T) mask; None: causal flag, flex, or query blocks
     block_mask: object = None  # flex's BlockMask
     query_block: int | None = None  # queries per block when the dense mask would exceed MASK_BUDGET
+    batch: int = 1  # sequences in the pass: content terms hold logits for each (``Attention.plan``)
     # The keys each query sees (masks.py): as trained, or the evaluation-time variant's where it cuts some.
     reach: AttentionVariant = AS_TRAINED
     positions: Tensor | None = None  # the tokens' positions (T,) or (B, T), for the encoding's rotation and bias

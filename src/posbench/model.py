@@ -179,14 +179,14 @@ class LanguageModel(nn.Module):
             positions = self.encoding.positions(*idx.shape, device=idx.device)
         x = self.drop(self.encoding.embed(self.tok_emb(idx), positions))
         dropout_p = self.attn_dropout if self.training else 0.0
-        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p, positions)
+        plan = self.attention.plan(idx.shape[1], idx.device, torch.is_grad_enabled(), dropout_p, positions, len(idx))
         for block in self.blocks:  # one plan for every layer
             x = block(x, plan)
         return self.ln_f(x)
 
     def decode(self, idx: Tensor, cache: KVCache) -> Tensor:
         """``forward`` of tokens idx (B, T) that follow the ``cache.length`` tokens in ``cache``."""
-        plan = self.attention.decoding_plan(cache.length, idx.shape[1], idx.device)  # its positions: the tokens'
+        plan = self.attention.decoding_plan(cache.length, idx.shape[1], idx.device, len(idx))  # positions: the tokens'
         x = self.encoding.embed(self.tok_emb(idx), plan.positions)
         for block, layer_cache in zip(self.blocks, cache.layers):
             x = block(x, plan, layer_cache)

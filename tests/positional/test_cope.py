@@ -12,6 +12,7 @@ from content_terms import terms_pass
 
 from posbench import attention as attention_mod
 from posbench.attention import Attention
+from posbench.masks import causal_mask
 from posbench.positional import build_encoding
 from posbench.positional import cope as cope_module
 
@@ -141,3 +142,23 @@ def test_npos_max_rules():
     assert make(train_len=256).npos_max == 32 and make(npos_max=5).npos_max == 5
     with pytest.raises(ValueError, match=r"encoding\.npos_max must be at least 2 \(positions 0 and 1\), got 1"):
         make(npos_max=1)
+
+
+def test_keys_past_the_cap_for_every_query_take_the_capped_term_even_after_a_run_of_shut_gates():
+    """A block of the last 10 of 600 queries, after 290 keys whose gates are all but shut: the newest keys tried
+    first do not reach the cap, so the keys counted must widen past the shut run before the older ones may take
+    the capped term; the logits still equal the reference's."""
+    T, npos, Q = 600, 8, 10
+    encoding, terms, (q, k, v) = setup(T, npos)
+    q, k = q.detach().clone(), k.detach().clone()
+    q[..., 0] = 3.0  # every query reads dimension 0 ...
+    k[..., 300 : T - Q, 0] = -20.0  # ... where these keys shut its gate: σ(≈ -21) ≈ 1e-9
+    idx = torch.arange(T)
+    scores = q[:, :, -Q:] @ k.transpose(-1, -2) / math.sqrt(HD)
+    bias = causal_mask(encoding, idx[-Q:], idx)
+    start, _ = terms.counted(scores, bias)
+    assert 0 < start < 300  # widened past the shut run, and still spared the oldest keys
+    with torch.no_grad():
+        ours = terms.logits(scores, bias, q[:, :, -Q:], k, None, idx[-Q:], idx)
+        theirs = reference_of(q, k, v, terms.embeddings, npos)[0][:, :, -Q:]
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)

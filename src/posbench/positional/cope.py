@@ -97,8 +97,31 @@ class CopeTerms(LayerTerms):
         self.embeddings = nn.Parameter(torch.zeros(npos_max, head_dim))  # (npos, hd): zeros, as the reference
 
     def logits(self, scores, bias, q, k, state, q_idx, k_idx) -> Tensor:
-        positions = contextual_positions(scores, bias == float("-inf"), self.npos_max)  # (B, H, Q, K)
-        return scores + bias + interpolated_logits(q, self.embeddings, positions)
+        start, positions = self.counted(scores, bias)  # (B, H, Q, K − start)
+        logits = scores + bias
+        logits[..., start:] += interpolated_logits(q, self.embeddings, positions)
+        if start > 0:  # the older keys, all at the cap: one term per query
+            capped = positions.new_full((*positions.shape[:-1], 1), self.npos_max - 1)
+            logits[..., :start] += interpolated_logits(q, self.embeddings, capped)
+        return logits
+
+    def counted(self, scores: Tensor, bias: Tensor) -> tuple[int, Tensor]:
+        """The first key whose position may fall below the cap for some query, and the positions from it on.
+
+        The queries are the last of the keys. Gates are positive, so a position only grows with distance: once
+        the oldest key tried is at the cap for every query, every older key is too. Trying the newest keys
+        first, and twice as many until that holds, spares the gates, sums and interpolation of the older keys
+        (most of a long sequence's: a trained gate rarely stays shut for long; docs/performance.md).
+        """
+        n_keys = scores.shape[-1]
+        width = scores.shape[-2] + 8 * self.npos_max
+        while True:
+            start = max(0, n_keys - width)
+            hidden = bias[..., start:] == float("-inf")
+            positions = contextual_positions(scores[..., start:], hidden, self.npos_max)
+            if start == 0 or bool((positions[..., 0] == self.npos_max - 1).all()):
+                return start, positions
+            width *= 2
 
 
 class CoPE(PositionEncoding):
