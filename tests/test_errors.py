@@ -271,6 +271,11 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
         ),
         ("train.copy_warmup_steps=-1", "train.copy_warmup_steps must be a non-negative number of steps, got -1"),
         ("train.copy_loss=first", "train.copy_loss must be one of all, repeat, got 'first'"),
+        ("train.copy_vocab=1", "train.copy_vocab must be at least 2 words or null, got 1"),
+        (
+            "train.copy_vocab=64",
+            "train.copy_vocab draws copy spans: set train.copy_fraction or train.copy_warmup_steps too",
+        ),
         ("seed=-3", "seed must be an integer in [0, 2**64), got -3"),
         ("probe.seed=-1", "probe.seed=-1 must be a non-negative integer"),  # else the probes fail after training
     ],

@@ -287,6 +287,7 @@ def test_learned_positions_past_their_table_are_unsupported(compose_config):
         (["task.loss=most"], "task.loss must be one of answer, all"),
         (["probes=[copy]"], "trains on no text"),
         (["train.copy_loss=repeat"], "task=passkey trains on no text, which train.copy_loss needs"),
+        (["train.copy_vocab=64", "train.copy_fraction=0.5"], "task=passkey trains on no text, which train.copy_vocab"),
     ],
 )
 def test_bad_task_options_fail_at_start_up(compose_config, overrides, fragment):

@@ -67,6 +67,9 @@ class TrainConfig:
     #: Which targets of a copy sequence count in the loss: ``all``, or ``repeat``: not the first span's
     #: (random tokens no model can predict, whose gradient is noise beside the copy's: docs/tasks.md).
     copy_loss: str = "all"
+    #: Copy spans draw from this many of the training text's most frequent words (``null``: from every word,
+    #: as the copy probe's do): a small vocabulary's words recur often enough to be matched (docs/tasks.md).
+    copy_vocab: Optional[int] = None
     #: Mixed-length training (``null``: every step at train_len). Each step trains at one of these lengths
     #: L with batch_size x train_len / L sequences, so every step sees batch_size x train_len tokens; each
     #: L must divide that. train_len must be the longest of them (one rule, no guessing whether train_len
@@ -217,6 +220,10 @@ def train_problems(cfg) -> list[str]:
         found.append(f"train.copy_fraction must be in [0, 1], got {t.copy_fraction}")
     if t.copy_warmup_steps < 0:
         found.append(f"train.copy_warmup_steps must be a non-negative number of steps, got {t.copy_warmup_steps}")
+    if t.copy_vocab is not None and t.copy_vocab < 2:
+        found.append(f"train.copy_vocab must be at least 2 words or null, got {t.copy_vocab}")
+    elif t.copy_vocab is not None and not (t.copy_fraction or t.copy_warmup_steps):
+        found.append("train.copy_vocab draws copy spans: set train.copy_fraction or train.copy_warmup_steps too")
     if t.copy_loss not in COPY_LOSSES:
         found.append(f"train.copy_loss must be one of {', '.join(COPY_LOSSES)}, got {t.copy_loss!r}")
     found += train_lengths_problems(cfg)
@@ -266,6 +273,7 @@ def task_problems(cfg) -> list[str]:
             ("train.copy_fraction", cfg.train.copy_fraction),
             ("train.copy_warmup_steps", cfg.train.copy_warmup_steps),
             ("train.copy_loss", cfg.train.copy_loss != "all"),
+            ("train.copy_vocab", cfg.train.copy_vocab),
             ("train.val_lens", cfg.train.val_lens),
         )
         if given

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .errors import PosbenchError
 from .tasks.base import IGNORE
 
 #: Keys the probe's generators apart from any seeded with a plain training seed.
@@ -38,11 +39,22 @@ def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, 
     return torch.cat([copied, filler, copied], 1), torch.cat([baseline, filler, copied], 1)
 
 
+def copy_symbols(tokens: Tensor, vocab_size: int, most_frequent: int | None) -> Tensor:
+    """The words training's copy spans draw from, uniformly (``train.copy_vocab``): the ``most_frequent`` words
+    of ``tokens`` (ties to the lower id), or every word of the vocabulary (``None``)."""
+    if most_frequent is None:
+        return torch.arange(vocab_size)
+    if most_frequent > vocab_size:
+        raise PosbenchError(f"train.copy_vocab={most_frequent} exceeds the vocabulary's {vocab_size} words")
+    counts = torch.bincount(tokens, minlength=vocab_size)
+    return counts.argsort(descending=True, stable=True)[:most_frequent]
+
+
 def with_copies(
     x: Tensor,
     y: Tensor,
     tokens: Tensor,
-    vocab_size: int,
+    symbols: Tensor,
     fraction: float,
     span: int,
     seed: int,
@@ -51,11 +63,12 @@ def with_copies(
 ) -> tuple[Tensor, Tensor]:
     """Training batch (x, y) with round(fraction x B) of its sequences, chosen at random, replaced by copy sequences.
 
-    A copy sequence (as long as a row of x plus one) is a random span of min(``span``, half its length) tokens,
-    d tokens of ``tokens`` (d uniform from 0 to what the length allows), the span again, then more of the same
-    text. Drawn by a NumPy generator keyed by (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's,
-    and the same again when a resumed run redoes ``step``. ``loss="repeat"``: the targets within the first
-    span are IGNORE (no model can predict a random token; ``train.copy_loss``).
+    A copy sequence (as long as a row of x plus one) is a span of min(``span``, half its length) tokens drawn
+    uniformly from ``symbols`` (``copy_symbols``), d tokens of ``tokens`` (d uniform from 0 to what the length
+    allows), the span again, then more of the same text. Drawn by a NumPy generator keyed by
+    (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's, and the same again when a resumed run redoes
+    ``step``. ``loss="repeat"``: the targets within the first span are IGNORE (no model can predict a random
+    token; ``train.copy_loss``).
     """
     sequences = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1): y is x shifted by one
     batch, length = sequences.shape
@@ -65,7 +78,7 @@ def with_copies(
     rows = rng.choice(batch, round(fraction * batch), replace=False).tolist()
     for row in rows:
         distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
-        copied = torch.from_numpy(rng.integers(0, vocab_size, span)).to(sequences)
+        copied = symbols[torch.from_numpy(rng.integers(0, len(symbols), span))].to(sequences)
         filler = tokens[offset : offset + text].to(sequences)
         sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
     x, y = sequences[:, :-1], sequences[:, 1:]

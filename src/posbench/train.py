@@ -76,8 +76,7 @@ def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     fraction, span = (1.0, length) if step <= cfg.train.copy_warmup_steps else (cfg.train.copy_fraction, cfg.probe.span)
     if not fraction:
         return x, y
-    vocab = run.corpus.vocab_size
-    return with_copies(x, y, train_split, vocab, fraction, span, cfg.seed, step, cfg.train.copy_loss)
+    return with_copies(x, y, train_split, run.copy_symbols, fraction, span, cfg.seed, step, cfg.train.copy_loss)
 
 
 # One optimizer step on the global batch (x, y); each rank computes the loss of its own rows.

@@ -15,11 +15,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import save_checkpoint
+from .copyseq import copy_symbols
 from .costs import warn_randomized_positions
 from .data import Corpus, load_corpus
 from .errors import PosbenchError
@@ -101,6 +102,7 @@ class Run:
     rows: dict[int, slice]  # this rank's rows of the global batch, by sequence length
     logger: Logger
     bar: tqdm  # on a terminal, rank 0 only
+    copy_symbols: Tensor | None  # the words copy spans draw from (``train.copy_vocab``); None for a task run
     last_log_time: float = field(default_factory=time.perf_counter)
 
     @property
@@ -133,9 +135,11 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     device = world.device(resolve_device(cfg.device))
     seed_everything(cfg.seed)
     task, corpus = (build_task(cfg.task), None) if cfg.task else (None, load_corpus(cfg.data))
+    symbols = None
     if corpus:
         check_splits(corpus, cfg, validates=world.is_main)  # before building anything; it draws no random numbers
         check_probe_data(corpus, cfg, device)  # a probe's bound on the data fails now, not after training
+        symbols = copy_symbols(corpus.splits["train"], corpus.vocab_size, cfg.train.copy_vocab)
     warn_randomized_positions(cfg)
     precision, why = resolve_precision(cfg.precision, device)
     vocab = task.vocab if task else corpus.vocab
@@ -166,7 +170,7 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
     )
     return Run(
         *(cfg, run_dir, world, device, corpus, task, model, optimizer, scheduler, gen, progress, loss_fn, rows),
-        *(logger, bar),
+        *(logger, bar, symbols),
     )
 
 
