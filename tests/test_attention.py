@@ -139,6 +139,10 @@ def test_content_terms_in_inference_hold_the_budget_for_the_whole_batch(name, mo
     lm = build(name, "eager").eval()
     assert lm.attention.plan(SEQ, x.device, False, 0.0, batch=3).query_block == 7
     assert lm.attention.plan(SEQ, x.device, True, 0.0, batch=3).query_block == 21
+    # in training, a bias per sequence (randomized positions) still counts every sequence
+    per_sequence = torch.arange(SEQ).expand(3, SEQ)
+    expected = 7 if lm.encoding.has_bias else 21
+    assert lm.attention.plan(SEQ, x.device, True, 0.0, per_sequence, batch=3).query_block == expected
     planned, plan = [], lm.attention.plan
 
     def recording(*args, **kwargs):

@@ -192,9 +192,10 @@ class Attention:
         heads = self.encoding.n_heads  # eager's scores have every head even without bias
         rows = len(positions) if positions.dim() == 2 and self.encoding.has_bias else 1  # a bias per sequence
         budget = MASK_BUDGET
-        if self.encoding.has_layer_terms:  # several logit-sized tensors at once, for each sequence of the pass
-            # (with gradients every block's stay for the backward pass: smaller blocks would spare little memory)
-            rows, budget = (1 if needs_grad else batch), MASK_BUDGET / self.encoding.logit_memory_factor
+        if self.encoding.has_layer_terms:  # several logit-sized tensors at once
+            budget /= self.encoding.logit_memory_factor
+            # for each sequence of the pass (with gradients every block's stay for the backward pass anyway)
+            rows = rows if needs_grad else max(rows, batch)
         if rows * heads * seq_len * seq_len * 4 > budget:
             plan.query_block = max(1, int(budget // (4 * rows * heads * seq_len)))
             return plan
