@@ -61,8 +61,9 @@ class TrainConfig:
     #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; copyseq.py).
     copy_fraction: float = 0.0
     #: The first this many steps train on copy sequences alone, each a random span of half the sequence
-    #: repeated at once (pure-copy warm-up: the copy circuit forms before text competes with it); then
-    #: ``copy_fraction`` applies. Its validations do not count toward ``patience``.
+    #: repeated at once (pure-copy warm-up); then ``copy_fraction`` applies. Its validations do not count
+    #: toward ``patience``. Every copy sits half the length back, so a model may learn that offset instead
+    #: of copying (docs/tasks.md).
     copy_warmup_steps: int = 0
     #: Which targets of a copy sequence count in the loss: ``all``, or ``repeat``: not the first span's
     #: (random tokens no model can predict, whose gradient is noise beside the copy's: docs/tasks.md).
