@@ -1,6 +1,6 @@
 """Which copy sequences teach a model to copy by content (an induction head), not by a fixed offset?
 
-Trains posbench's model (``--model``: the task model by default, no dropout; AdamW at ``--lr``) on copy
+Trains posbench's model (``--model``: conf/model's task preset by default, without dropout; AdamW at ``--lr``) on copy
 sequences of the training text's 128 most frequent words (``train.copy_vocab=128``'s words) under one
 ``--curriculum``, then measures copying the way the copy probe does, on fresh sequences of those words: a span
 of S = min(32, length / 4) tokens, d tokens of text, the span again; accuracy (top-1) and gain (nats, against a
@@ -20,20 +20,19 @@ Usage: PYTHONPATH=src python scripts/copy_curriculum.py --encoding rope --curric
 from __future__ import annotations
 
 import argparse
+from importlib.resources import files
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 
 from posbench.copyseq import copy_symbols
-from posbench.data import _read_local, build_corpus, shipped_folder
+from posbench.data import DataConfig, load_corpus
 from posbench.model import LanguageModel, ModelConfig
+from posbench.probes.copy import default_logits_fn, score_copies, summarize
 from posbench.tasks.base import IGNORE
 
-MODELS = {
-    "task": dict(name="task", n_layers=2, d_model=128, n_heads=4, d_ff=256),
-    "study": dict(name="paper", n_layers=6, d_model=256, n_heads=8, d_ff=512),
-}
 SPAN = 32  # the copy probe's span (probe.span), at most a quarter of the length
 
 
@@ -63,28 +62,22 @@ def batch(rng, symbols, text, curriculum: str, size: int, length: int) -> tuple[
     return torch.stack(rows), torch.stack(targets)
 
 
-@torch.no_grad()
-def measure(model, rng, symbols, text, span: int, distance: int, trials: int = 64) -> tuple[float, float]:
-    """(accuracy, gain) on the repeat of a span after d tokens of text, against a different first span."""
+def measure(model, rng, symbols, text, span: int, distance: int, trials: int = 64) -> dict:
+    """The copy probe's scores (``probes.copy.summarize``) of a span repeated after d tokens of text, against a
+    different first span."""
     length = 2 * span + distance
     x = torch.stack([copy_row(rng, symbols, text, length, span, distance)[0] for _ in range(trials)])[:, :length]
     baseline = x.clone()
     baseline[:, :span] = symbols[torch.from_numpy(rng.integers(0, len(symbols), (trials, span)))]
-    scored = slice(span + distance, 2 * span + distance - 1)
-    target = x[:, 1:][:, scored]
-    nll, hit = [], None
-    for seq in (x, baseline):
-        logits = model.head(model(seq[:, :-1]))[:, scored]
-        nll.append(F.cross_entropy(logits.flatten(0, 1), target.flatten()).item())
-        hit = (logits.argmax(-1) == target).float().mean().item() if hit is None else hit
-    return hit, nll[1] - nll[0]
+    nll, hit = score_copies(default_logits_fn(model), torch.cat([x, baseline]), span, 2 * trials * length, "cpu")
+    return summarize(nll, hit, trials)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoding", default="rope")
     parser.add_argument("--curriculum", choices=["warmup", "mixed", "lengths"], default="mixed")
-    parser.add_argument("--model", choices=sorted(MODELS), default="task")
+    parser.add_argument("--model", choices=["task", "paper"], default="task", help="a conf/model preset")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--length", type=int, default=256, help="training sequence length (train_len)")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -93,9 +86,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(args.seed), torch.set_num_threads(1)
-    corpus = build_corpus(_read_local(shipped_folder("wikitext-2-mini")))
+    conf = files("posbench") / "conf"
+    corpus = load_corpus(DataConfig(**OmegaConf.to_container(OmegaConf.load(conf / "data" / "wikitext2_mini.yaml"))))
     text, symbols = corpus.splits["train"], copy_symbols(corpus.splits["train"], corpus.vocab_size, 128)
-    cfg = ModelConfig(**MODELS[args.model], dropout=0.0)
+    preset = OmegaConf.load(conf / "model" / f"{args.model}.yaml")
+    cfg = ModelConfig(**{**OmegaConf.to_container(preset), "dropout": 0.0})
     model = LanguageModel(cfg, {"name": args.encoding}, corpus.vocab_size, args.length)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     rng, losses = np.random.default_rng([args.seed, 1]), []
@@ -112,8 +107,8 @@ def main() -> None:
     print(f"{args.encoding} {args.model} {args.curriculum} at {args.length}, batch {args.batch}, {args.steps} steps:")
     print(f"copying a {span}-token span after d tokens of text: d, accuracy, gain (nats)")
     for d in args.distances:
-        accuracy, gain = measure(model, probe_rng, symbols, text, span, d)
-        print(f"  d={d}: accuracy {accuracy:.3f}, gain {gain:.2f}")
+        scores = measure(model, probe_rng, symbols, text, span, d)
+        print(f"  d={d}: accuracy {scores['accuracy']:.3f}, gain {scores['gain']:.2f}")
 
 
 if __name__ == "__main__":
