@@ -79,6 +79,45 @@ def test_copy_loss_repeat_leaves_out_exactly_the_first_spans_targets():
         assert torch.equal(cy[row][kept], plain_y[row][kept])
 
 
+def test_copy_loss_copy_keeps_exactly_the_repeats_predictable_targets():
+    """A copy row keeps the targets that are the repeat's tokens 2..S, which equal its first span's 2..S (found
+    here by the row's layout); text rows keep every target; the inputs are unchanged."""
+    tokens, x, y = batch()
+    plain_x, plain_y = with_copies(x, y, tokens, EVERY_WORD, 0.5, span=8, seed=0, step=3)
+    cx, cy = with_copies(x, y, tokens, EVERY_WORD, 0.5, span=8, seed=0, step=3, loss="copy")
+    assert torch.equal(cx, plain_x)
+    sequences = torch.cat([cx, plain_y[:, -1:]], 1)
+    copies = [row for row in range(B) if not torch.equal(plain_x[row], x[row])]
+    assert len(copies) == 4
+    for row in range(B):
+        kept = (cy[row] != IGNORE).nonzero().flatten()
+        if row in copies:
+            d = copy_layout(sequences[row], 8)
+            assert kept.tolist() == list(range(8 + d, 15 + d))  # target t predicts token t + 1: 9 + d .. 15 + d
+            assert torch.equal(cy[row][kept], sequences[row][1:8])
+        else:
+            assert len(kept) == T and torch.equal(cy[row], y[row])
+
+
+def test_a_warm_up_of_short_sequences_and_spans_varies_the_copys_offset(compose_config, mini_data, tmp_path):
+    """train.copy_warmup_len=8, train.copy_warmup_span=2 (smoke: train_len 32, batch 4): the warm-up's steps
+    hold 16 rows of 8 tokens, each a 2-token span, text, the span again, at offsets that vary; a step trains
+    on them; after the warm-up, 4 rows of 32 tokens of text."""
+    overrides = ["experiment=smoke", f"data.path={mini_data}", "train.copy_warmup_steps=3", "train.copy_warmup_len=8"]
+    run = prepare(compose_config("train", [*overrides, "train.copy_warmup_span=2"]), tmp_path, World())
+    distances = set()
+    for step in (1, 2, 3):
+        x, y = training_batch(run, step)
+        assert x.shape == (16, 8)
+        sequences = torch.cat([x, y[:, -1:]], 1)
+        layouts = [next((d for d in range(6) if torch.equal(row[:2], row[2 + d : 4 + d])), None) for row in sequences]
+        assert None not in layouts
+        distances |= set(layouts)
+    assert len(distances) > 2  # the half-sequence warm-up has two: 0 and 1
+    assert train_step(run, x, y, 3)[0] > 0
+    assert training_batch(run, 4)[0].shape == (4, 32)
+
+
 def test_the_training_loss_is_the_mean_over_the_targets_in_the_loss(compose_config, mini_data, tmp_path):
     """With train.copy_loss=repeat the step's loss averages the counted targets only."""
     overrides = ["experiment=smoke", f"data.path={mini_data}", "train.copy_fraction=0.5", "train.copy_loss=repeat"]

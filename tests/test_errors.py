@@ -270,7 +270,34 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
             "train.val_tokens must be at least 2 (the first token is no target) or null, got -512",
         ),
         ("train.copy_warmup_steps=-1", "train.copy_warmup_steps must be a non-negative number of steps, got -1"),
-        ("train.copy_loss=first", "train.copy_loss must be one of all, repeat, got 'first'"),
+        ("train.copy_loss=first", "train.copy_loss must be one of all, repeat, copy, got 'first'"),
+        ("train.copy_warmup_span=8", "train.copy_warmup_span shapes the copy warm-up: set train.copy_warmup_steps too"),
+        (
+            "train.copy_warmup_steps=5 train.copy_warmup_len=100",
+            "train.copy_warmup_len must be positive, at most train_len=256, and divide train.batch_size x "
+            "train_len = 4096 "
+            "(equal tokens per step), got 100",
+        ),
+        (
+            "train.copy_warmup_steps=5 train.copy_warmup_len=0",
+            "train.copy_warmup_len must be positive, at most train_len=256, and divide train.batch_size x "
+            "train_len = 4096 "
+            "(equal tokens per step), got 0",
+        ),
+        (
+            "train.copy_warmup_steps=5 train.copy_warmup_len=512",
+            "train.copy_warmup_len must be positive, at most train_len=256, and divide train.batch_size x "
+            "train_len = 4096 "
+            "(equal tokens per step), got 512",
+        ),
+        (
+            "train.copy_warmup_steps=5 train.copy_warmup_len=64 train.copy_warmup_span=33",
+            "train.copy_warmup_span must be 2 to 32 tokens (the warm-up's sequences hold 65: the span twice), got 33",
+        ),
+        (
+            "train.copy_warmup_steps=5 train.copy_warmup_span=1",
+            "train.copy_warmup_span must be 2 to 128 tokens (the warm-up's sequences hold 257: the span twice), got 1",
+        ),
         ("train.copy_vocab=1", "train.copy_vocab must be at least 2 words or null, got 1"),
         (
             "train.copy_vocab=64",
@@ -281,7 +308,7 @@ def test_runtime_settings_and_empty_lists_are_refused_not_replaced(override, fra
     ],
 )
 def test_numbers_that_would_train_wrongly_or_fail_later_stop_at_start_up(override, message):
-    assert config_error(override) == message
+    assert config_error(*override.split()) == message
 
 
 def test_cuda_asked_for_where_there_is_none(monkeypatch):

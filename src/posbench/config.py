@@ -60,13 +60,20 @@ class TrainConfig:
     grad_spike_ratio: float = 5.0
     #: This fraction of each batch's sequences are synthetic copy sequences (docs/probes.md; copyseq.py).
     copy_fraction: float = 0.0
-    #: The first this many steps train on copy sequences alone, each a random span of half the sequence
-    #: repeated at once (pure-copy warm-up); then ``copy_fraction`` applies. Its validations do not count
-    #: toward ``patience``. Every copy sits half the length back, so a model may learn that offset instead
-    #: of copying (docs/tasks.md).
+    #: The first this many steps train on copy sequences alone (the warm-up); then ``copy_fraction`` applies.
+    #: Its validations do not count toward ``patience``.
     copy_warmup_steps: int = 0
-    #: Which targets of a copy sequence count in the loss: ``all``, or ``repeat``: not the first span's
-    #: (random tokens no model can predict, whose gradient is noise beside the copy's: docs/tasks.md).
+    #: The warm-up's span: ``null``, half the sequence repeated at once, so every copy sits half the length
+    #: back and a model may learn that offset instead of copying; a number S, S tokens, 0 to length + 1 - 2S
+    #: tokens of text, the span again, then text: the offsets vary, so only matching predicts the repeat
+    #: (docs/tasks.md).
+    copy_warmup_span: Optional[int] = None
+    #: The warm-up's sequence length (``null``: as after it), with batch_size x train_len / length sequences
+    #: per step, as ``lengths`` keeps tokens per step equal: shorter sequences, more copies per step.
+    copy_warmup_len: Optional[int] = None
+    #: Which targets of a copy sequence count in the loss: ``all``; ``repeat``: not the first span's (random
+    #: tokens no model can predict, whose gradient is noise beside the copy's); ``copy``: the repeated span's
+    #: alone, its tokens 2..S, the ones a copier predicts (docs/tasks.md). Text rows keep all of theirs.
     copy_loss: str = "all"
     #: Copy spans draw from this many of the training text's most frequent words (``null``: from every word,
     #: as the copy probe's do): a small vocabulary's words recur often enough to be matched (docs/tasks.md).
@@ -163,7 +170,7 @@ def config_on_schema(saved) -> DictConfig:
 
 
 EVAL_MODES = ("nonoverlapping", "sliding")
-COPY_LOSSES = ("all", "repeat")
+COPY_LOSSES = ("all", "repeat", "copy")
 
 
 def eval_problems(e) -> list[str]:
@@ -202,6 +209,27 @@ def optimizer_problems(t) -> list[str]:
     return [f"train.{key} must be {what}, got {t[key]}" for key, what in bad]
 
 
+def copy_warmup_problems(cfg) -> list[str]:
+    """``train.copy_warmup_span`` and ``train.copy_warmup_len``: shapes of a warm-up that is given."""
+    t, found = cfg.train, []
+    given = [key for key in ("copy_warmup_span", "copy_warmup_len") if t[key] is not None]
+    if given and not t.copy_warmup_steps:
+        return [f"train.{given[0]} shapes the copy warm-up: set train.copy_warmup_steps too"]
+    length = cfg.train_len if t.copy_warmup_len is None else t.copy_warmup_len
+    tokens = t.batch_size * cfg.train_len
+    if t.copy_warmup_len is not None and not (0 < length <= cfg.train_len and tokens % length == 0):
+        found.append(
+            f"train.copy_warmup_len must be positive, at most train_len={cfg.train_len}, and divide train.batch_size x "
+            f"train_len = {tokens} (equal tokens per step), got {length}"
+        )
+    elif t.copy_warmup_span is not None and not 2 <= t.copy_warmup_span <= (length + 1) // 2:
+        found.append(
+            f"train.copy_warmup_span must be 2 to {(length + 1) // 2} tokens (the warm-up's sequences hold "
+            f"{length + 1}: the span twice), got {t.copy_warmup_span}"
+        )
+    return found
+
+
 def train_problems(cfg) -> list[str]:
     """The rules of ``train.*`` and ``seed``."""
     t = cfg.train
@@ -227,6 +255,7 @@ def train_problems(cfg) -> list[str]:
         found.append("train.copy_vocab draws copy spans: set train.copy_fraction or train.copy_warmup_steps too")
     if t.copy_loss not in COPY_LOSSES:
         found.append(f"train.copy_loss must be one of {', '.join(COPY_LOSSES)}, got {t.copy_loss!r}")
+    found += copy_warmup_problems(cfg)
     found += train_lengths_problems(cfg)
     if t.val_lens is not None:
         found += lengths_problems("train.val_lens", list(t.val_lens))

@@ -67,8 +67,8 @@ def with_copies(
     uniformly from ``symbols`` (``copy_symbols``), d tokens of ``tokens`` (d uniform from 0 to what the length
     allows), the span again, then more of the same text. Drawn by a NumPy generator keyed by
     (``TRAIN_COPY_STREAM``, seed, step): apart from the probe's, and the same again when a resumed run redoes
-    ``step``. ``loss="repeat"``: the targets within the first span are IGNORE (no model can predict a random
-    token; ``train.copy_loss``).
+    ``step``. ``loss`` (``train.copy_loss``) keeps a copy row's targets: ``"all"``; ``"repeat"``, all but those
+    within the first span (no model can predict a random token); ``"copy"``, only the repeat's tokens 2..S.
     """
     sequences = torch.cat([x, y[:, -1:]], dim=1)  # (B, T + 1): y is x shifted by one
     batch, length = sequences.shape
@@ -76,13 +76,16 @@ def with_copies(
     span = min(span, length // 2)
     text = length - 2 * span  # real-text tokens per copy sequence
     rows = rng.choice(batch, round(fraction * batch), replace=False).tolist()
+    counted = torch.ones(batch, length - 1, dtype=torch.bool)  # which targets stay in the loss
     for row in rows:
         distance, offset = rng.integers(0, text + 1), rng.integers(0, len(tokens) - text + 1)
         copied = symbols[torch.from_numpy(rng.integers(0, len(symbols), span))].to(sequences)
         filler = tokens[offset : offset + text].to(sequences)
         sequences[row] = torch.cat([copied, filler[:distance], copied, filler[distance:]])
+        if loss == "repeat":  # the targets 1..span-1: the first span's own random tokens
+            counted[row, : span - 1] = False
+        elif loss == "copy":  # the repeat starts at span + d; targets span + d .. are its tokens 2..span
+            counted[row] = False
+            counted[row, span + distance : 2 * span + distance - 1] = True
     x, y = sequences[:, :-1], sequences[:, 1:]
-    if loss == "repeat":
-        y = y.clone()  # apart from x, which shares its storage
-        y[rows, : span - 1] = IGNORE  # the targets 1..span-1: the first span's own random tokens
-    return x, y
+    return x, y.masked_fill(~counted, IGNORE)  # a new tensor: y apart from x, which shares its storage

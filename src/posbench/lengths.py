@@ -85,7 +85,10 @@ def val_lens_of(cfg) -> list[int]:
 
 
 def step_length(cfg, step: int) -> int:
-    """The sequence length of ``step`` (from 1): train_len, or one of ``train.lengths`` by ``train.length_order``."""
+    """The sequence length of ``step`` (from 1): ``train.copy_warmup_len`` in the copy warm-up where it is given;
+    else train_len, or one of ``train.lengths`` by ``train.length_order``."""
+    if step <= cfg.train.copy_warmup_steps and cfg.train.copy_warmup_len is not None:
+        return cfg.train.copy_warmup_len
     lengths = train_lengths_of(cfg)
     if cfg.train.length_order == "curriculum":  # Shortformer's stages: equal shares of the steps, shortest first
         return lengths[(step - 1) * len(lengths) // cfg.train.steps]
@@ -100,6 +103,12 @@ def counts_for_patience(cfg, step: int) -> bool:
     if step <= cfg.train.copy_warmup_steps:
         return False
     return cfg.train.length_order != "curriculum" or step_length(cfg, step) == cfg.train_len
+
+
+def step_lengths_of(cfg) -> list[int]:
+    """Every length a step may train at: ``train_lengths_of`` and the copy warm-up's."""
+    warmup = [cfg.train.copy_warmup_len] if cfg.train.copy_warmup_steps and cfg.train.copy_warmup_len else []
+    return sorted({*train_lengths_of(cfg), *warmup})
 
 
 def batch_rows(cfg, length: int) -> int:

@@ -66,14 +66,17 @@ def sample_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, gen: torch
 def training_batch(run: Run, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of ``step``: random windows of the train split at ``step_length``, ``train.copy_fraction``
     of them replaced by synthetic copy sequences (drawn apart from ``run.gen``, so the windows stay the same),
-    all of them by pure copies in the first ``train.copy_warmup_steps``; with a task, its sequences of ``step``."""
+    all of them in the first ``train.copy_warmup_steps``; with a task, its sequences of ``step``."""
     cfg, length = run.cfg, step_length(run.cfg, step)
     if run.task:
         return training_sequences(run.task, cfg.seed, step, length, batch_rows(cfg, length))
     train_split = run.corpus.splits["train"]
     x, y = sample_batch(train_split, batch_rows(cfg, length), length, run.gen)
-    # the warm-up's pure copies: every sequence a span of half its length, repeated at once
-    fraction, span = (1.0, length) if step <= cfg.train.copy_warmup_steps else (cfg.train.copy_fraction, cfg.probe.span)
+    if step <= cfg.train.copy_warmup_steps:  # copies alone, of train.copy_warmup_span (null: half the length)
+        warmup_span = cfg.train.copy_warmup_span
+        fraction, span = 1.0, length if warmup_span is None else warmup_span
+    else:
+        fraction, span = cfg.train.copy_fraction, cfg.probe.span
     if not fraction:
         return x, y
     return with_copies(x, y, train_split, run.copy_symbols, fraction, span, cfg.seed, step, cfg.train.copy_loss)

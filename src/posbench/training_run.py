@@ -25,7 +25,7 @@ from .costs import warn_randomized_positions
 from .data import Corpus, load_corpus
 from .errors import PosbenchError
 from .io import write_csv
-from .lengths import batch_rows, train_lengths_of
+from .lengths import batch_rows, step_lengths_of
 from .logger import Logger, open_logger
 from .model import LanguageModel
 from .optim import make_optimizer, make_scheduler
@@ -159,7 +159,7 @@ def prepare(cfg: DictConfig, run_dir: Path, world: distributed.World) -> Run:
         progress = Progress(**{"run_id": legacy_run_id(run_dir), **restored})  # a last.pt from before run ids
         log.info("resumed from %s at step %d of %d", source, progress.step, t.steps)
     loss_fn = distributed.training_loss(model, world, device)
-    rows = {length: world.batch_slice(batch_rows(cfg, length)) for length in train_lengths_of(cfg)}
+    rows = {length: world.batch_slice(batch_rows(cfg, length)) for length in step_lengths_of(cfg)}
     logger = open_logger(cfg.logger, run_dir, world.is_main)
     bar = tqdm(
         total=t.steps,
