@@ -18,6 +18,9 @@
 #                       generation can go past train_len as the source document's learned model did
 #   tasks0 tasks1 tasks2  the task track (docs/tasks.md) at that seed: every encoding on passkey, mqar and
 #                       copy (task=NAME brings its recipe), each run writing task_results.csv
+#   copylm0             every encoding at seed 0 as a copy-trained LM (experiment=copy_lm, docs/tasks.md): a warm-up
+#                       on copies alone, then text with copies; perplexity to 32x, the probes, the copy probe to 32x
+#   copylm_seeds        alibi, rope, none and fire as in copylm0, at seeds 1 and 2
 #   task_remedies       rope, sinusoidal, learned on passkey and copy at seed 0, trained with randomized
 #                       positions up to the longest eval length (Ruoss et al. 2023's remedy, made for such tasks)
 #   evals               on finished runs: sliding windows (stride $STRIDE, the first $SLIDING_TOKENS
@@ -146,6 +149,14 @@ stage_runs() {  # the runs of stage $1, started with train()
             for task in passkey mqar copy; do
                 for encoding in $ENCODINGS; do train "task=${task},encoding=${encoding},seed=${seed}" \
                     "task=$task" "encoding=$encoding" "seed=$seed"; done
+            done ;;
+        copylm0)
+            for encoding in $ENCODINGS; do train "encoding=${encoding},seed=0" experiment=copy_lm \
+                "encoding=$encoding" seed=0; done ;;
+        copylm_seeds)
+            for seed in 1 2; do
+                for encoding in alibi rope none fire; do train "encoding=${encoding},seed=${seed}" \
+                    experiment=copy_lm "encoding=$encoding" "seed=$seed"; done
             done ;;
         task_remedies)
             for task in passkey copy; do
@@ -297,7 +308,8 @@ run_stage() {
 }
 
 if [[ "${1:-}" == list ]]; then
-    for group in seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 task_remedies quick; do
+    for group in seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 task_remedies copylm0 copylm_seeds \
+        quick; do
         RUNS=()
         stage_runs "$group"
         for (( i = 0; i < ${#RUNS[@]}; i++ )); do echo "${group}.$(( i / PART + 1 ))  $group/${RUNS[i]}"; done
@@ -310,6 +322,7 @@ if (( QUICK )); then
 else
     stages=("$@")
     (( ${#stages[@]} )) || stages=(seed0 seed1 seed2 remedies lengths learned_table tasks0 tasks1 tasks2 task_remedies
+                                   copylm0 copylm_seeds
                                    evals task_evals generate report)
 fi
 for stage in "${stages[@]}"; do run_stage "$stage"; done
