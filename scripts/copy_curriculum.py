@@ -15,6 +15,9 @@ Curricula (sequences of ``--length`` + 1 tokens, L below; the loss on the repeat
   lengths  a span of uniform length 8..L/2 repeated at once, text after: offsets vary, no filler around it
 
 Usage: PYTHONPATH=src python scripts/copy_curriculum.py --encoding rope --curriculum mixed [--length 64 --batch 32]
+       PYTHONPATH=src python scripts/copy_curriculum.py --checkpoint RUN_DIR [--span 16]
+With ``--checkpoint``, trains nothing: measures a saved run (a copy-trained LM) the same way, on spans of those
+128 words and on spans of every word (the copy probe's), to 4 x its train_len.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from posbench.copyseq import copy_symbols
 from posbench.data import DataConfig, load_corpus
 from posbench.model import LanguageModel, ModelConfig
 from posbench.probes.copy import default_logits_fn, score_copies, summarize
+from posbench.saved_run import load_run
 from posbench.tasks.base import IGNORE
 
 SPAN = 32  # the copy probe's span (probe.span), at most a quarter of the length
@@ -73,6 +77,20 @@ def measure(model, rng, symbols, text, span: int, distance: int, trials: int = 6
     return summarize(nll, hit, trials)
 
 
+def measure_saved(checkpoint: str, span: int, seed: int) -> None:
+    """The table of a saved run, on spans of the 128 words and of every word, d from 0 to 4 x train_len."""
+    run = load_run(OmegaConf.create({"checkpoint": checkpoint, "device": "cpu", "threads": 1}), ["device", "threads"])
+    text, vocab_size, train_len = run.corpus.splits["train"], run.corpus.vocab_size, run.cfg.train_len
+    print(f"{checkpoint} (step {run.state.step}): copying a {span}-token span after d tokens of text")
+    vocabularies = ("128 words", copy_symbols(text, vocab_size, 128)), ("every word", torch.arange(vocab_size))
+    for words, symbols in vocabularies:
+        rng = np.random.default_rng([seed, 2])
+        for d in (0, 16, 64, train_len - 2 * span, 2 * train_len, 4 * train_len):
+            with torch.no_grad():
+                scores = measure(run.model.eval(), rng, symbols, text, span, d)
+            print(f"  {words}, d={d}: accuracy {scores['accuracy']:.3f}, gain {scores['gain']:.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoding", default="rope")
@@ -84,8 +102,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--distances", type=int, nargs="+", default=[0, 16, 64, 160])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", help="measure this saved run instead of training (--span: its span)")
+    parser.add_argument("--span", type=int, default=16)
     args = parser.parse_args()
     torch.manual_seed(args.seed), torch.set_num_threads(1)
+    if args.checkpoint:
+        return measure_saved(args.checkpoint, args.span, args.seed)
     conf = files("posbench") / "conf"
     corpus = load_corpus(DataConfig(**OmegaConf.to_container(OmegaConf.load(conf / "data" / "wikitext2_mini.yaml"))))
     text, symbols = corpus.splits["train"], copy_symbols(corpus.splits["train"], corpus.vocab_size, 128)
