@@ -16,8 +16,8 @@ Curricula (sequences of ``--length`` + 1 tokens, L below; the loss on the repeat
 
 Usage: PYTHONPATH=src python scripts/copy_curriculum.py --encoding rope --curriculum mixed [--length 64 --batch 32]
        PYTHONPATH=src python scripts/copy_curriculum.py --checkpoint RUN_DIR [--span 16]
-With ``--checkpoint``, trains nothing: measures a saved run (a copy-trained LM) the same way, on spans of those
-128 words and on spans of every word (the copy probe's), to 4 x its train_len.
+With ``--checkpoint``, trains nothing: measures a saved run (a copy-trained LM) the same way, on spans of the
+words its warm-up copied (its train.copy_vocab) and on spans of every word (the copy probe's), to 4 x its train_len.
 """
 
 from __future__ import annotations
@@ -78,16 +78,18 @@ def measure(model, rng, symbols, text, span: int, distance: int, trials: int = 6
 
 
 def measure_saved(checkpoint: str, span: int, seed: int) -> None:
-    """The table of a saved run, on spans of the 128 words and of every word, d from 0 to 4 x train_len."""
+    """The table of a saved run, on spans of its warm-up's words (train.copy_vocab, else 128) and of every word, d
+    from 0 to 4 x train_len."""
     run = load_run(OmegaConf.create({"checkpoint": checkpoint, "device": "cpu", "threads": 1}), ["device", "threads"])
     text, vocab_size, train_len = run.corpus.splits["train"], run.corpus.vocab_size, run.cfg.train_len
+    taught, model = run.cfg.train.copy_vocab or 128, run.model.eval()
     print(f"{checkpoint} (step {run.state.step}): copying a {span}-token span after d tokens of text")
-    vocabularies = ("128 words", copy_symbols(text, vocab_size, 128)), ("every word", torch.arange(vocab_size))
+    vocabularies = (f"{taught} words", copy_symbols(text, vocab_size, taught)), ("every word", torch.arange(vocab_size))
     for words, symbols in vocabularies:
         rng = np.random.default_rng([seed, 2])
         for d in (0, 16, 64, train_len - 2 * span, 2 * train_len, 4 * train_len):
             with torch.no_grad():
-                scores = measure(run.model.eval(), rng, symbols, text, span, d)
+                scores = measure(model, rng, symbols, text, span, d)
             print(f"  {words}, d={d}: accuracy {scores['accuracy']:.3f}, gain {scores['gain']:.2f}", flush=True)
 
 
