@@ -89,6 +89,23 @@ def test_learned_beyond_its_table_gives_unsupported_rows(tmp_path, saved_run, pr
     assert not (run / BIAS_CSV).exists()  # learned has no bias
 
 
+def test_copy_rows_of_other_words_are_other_rows(tmp_path, saved_run, probe):
+    """probe.vocab is part of a copy row's identity: spans of 8 words add rows, and a rerun replaces only its own."""
+    run = saved_run(tmp_path / "run", encoding="alibi")
+    probe(run, ["probes=[copy]", "probe.distances=[0,16]"])
+    every_word = read(run / COPY_CSV)
+    probe(run, ["probes=[copy]", "probe.distances=[0,16]", "probe.vocab=8"])
+    probe(run, ["probes=[copy]", "probe.distances=[0,16]", "probe.vocab=8"])
+    table = read(run / COPY_CSV)
+    assert table["vocab"].isna().sum() == 2 and table["vocab"].tolist()[2:] == [8, 8]
+    assert table[table["vocab"].isna()]["nll_copy"].tolist() == every_word["nll_copy"].tolist()
+    assert (table[table["vocab"] == 8]["nll_copy"].to_numpy() != every_word["nll_copy"].to_numpy()).all()
+    probe(run, ["probes=[copy]", "probe.distances=[0,16]"])
+    assert len(read(run / COPY_CSV)) == 4
+    with pytest.raises(PosbenchError, match="probe.vocab=99999 exceeds the vocabulary's"):
+        probe(run, ["probes=[copy]", "probe.vocab=99999"])
+
+
 def test_probes_write_elsewhere_when_told(tmp_path, saved_run, probe):
     run, elsewhere = saved_run(tmp_path / "run"), tmp_path / "elsewhere"
     probe(run, ["probes=[copy]"], out=elsewhere)

@@ -1,5 +1,6 @@
 """The long-range copy probe on models whose answer is known: a hand-built copier and a random-weights tiny LM."""
 
+import collections
 import logging
 
 import numpy as np
@@ -8,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from posbench.copyseq import copy_symbols
+from posbench.errors import PosbenchError
 from posbench.positional import Dimensions, EncodingConfig, PositionEncoding
 from posbench.probes.copy import (
     COLUMNS,
@@ -77,6 +80,35 @@ def test_spans_come_from_the_probes_own_generator():
     assert not np.array_equal(first[0].numpy(), training_like[0])
 
 
+def test_spans_of_every_word_are_the_probes_uniform_draws():
+    """probe.vocab null: the generator keyed by (0xC0B1, seed), integers below the vocabulary size, A then B."""
+    cfg = CopyProbeConfig(span=6, trials=5, seed=4)
+    expected = np.random.default_rng([0xC0B1, 4]).integers(0, 300, (2, 5, 6))
+    assert all(np.array_equal(s.numpy(), e) for s, e in zip(draw_spans(300, cfg), expected))
+
+
+def test_spans_of_probe_vocab_words_are_the_training_splits_most_frequent():
+    train = torch.tensor([7] * 9 + [3] * 8 + [11] * 7 + [2] * 5 + list(range(20)))  # 7, 3, 11, 2 lead
+    counts = collections.Counter(train.tolist())
+    top = {w for w, _ in sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))[:3]}
+    assert top == {7, 3, 11}
+    cfg = CopyProbeConfig(span=8, trials=16, seed=0, vocab=3)
+    spans = draw_spans(copy_symbols(train, 20, cfg.vocab, "probe.vocab"), cfg)
+    assert all(set(s.flatten().tolist()) == top for s in spans)  # those words only, each of them drawn
+    with pytest.raises(PosbenchError, match="probe.vocab=21 exceeds the vocabulary's 20 words"):
+        copy_symbols(train, 20, 21, "probe.vocab")
+
+
+def test_rows_name_the_words_their_spans_drew_from():
+    vocab = 5000
+    model, tokens = Copier(vocab), stream(2000, vocab)
+    symbols = copy_symbols(tokens, vocab, 64, "probe.vocab")
+    for words, draw_from in ((None, vocab), (64, symbols)):
+        cfg = CopyProbeConfig(span=8, distances=[0, 32], trials=4, vocab=words)
+        df = copy_probe(model, tokens, draw_from, 16, cfg, batch_tokens=512, logits_fn=model.logits)
+        assert df["vocab"].tolist() == [words, words] and (df["gain"] > 1.0).all()
+
+
 def test_a_copying_model_gains_at_every_distance():
     vocab, train_len = 5000, 16  # few chance repeats of span tokens in the filler
     model = Copier(vocab)
@@ -136,7 +168,12 @@ def test_copy_reach_from_known_gains():
 
 @pytest.mark.parametrize(
     "kwargs, key",
-    [(dict(span=1), "probe.span"), (dict(trials=0), "probe.trials"), (dict(distances=[-1]), "probe.distances")],
+    [
+        (dict(span=1), "probe.span"),
+        (dict(trials=0), "probe.trials"),
+        (dict(distances=[-1]), "probe.distances"),
+        (dict(vocab=1), "probe.vocab=1 must be at least 2 words"),
+    ],
 )
 def test_bad_options_name_their_key(kwargs, key):
     with pytest.raises(ValueError, match=key):

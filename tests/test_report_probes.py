@@ -133,3 +133,27 @@ def test_a_run_evaluated_again_keeps_the_window_gap_of_its_nonoverlapping_rows(p
     numbers = pd.read_csv(out / "probes.csv").set_index(["encoding", "seed"])
     assert numbers.loc[("rope", 0), "window_gap"] == pytest.approx(-0.4)
     assert "| rope |  | 4 | 1 | -0.4000 |" in (out / "summary.md").read_text()
+
+
+def add_copies_of_few_words(folder, encoding, seed, gains, keep_every_word=True):
+    """Copy rows with spans of the 128 most frequent words (probe.vocab=128) at d = 0, 16, 64."""
+    rows = [dict(distance=d, vocab=128, trials=4, gain=g, status="ok") for d, g in zip([0, 16, 64], gains)]
+    few = frame(rows, COPY_COLUMNS, encoding, seed)
+    every = pd.read_csv(folder / COPY_CSV) if keep_every_word else few.iloc[:0]
+    pd.concat([every, few]).to_csv(folder / COPY_CSV, index=False)
+
+
+def test_copy_numbers_of_a_restricted_vocabulary_stand_apart(probed):
+    add_copies_of_few_words(probed / "alibi_0", "alibi", 0, [2.0, 1.8, 0.5])  # reach 16
+    add_copies_of_few_words(probed / "alibi_1", "alibi", 1, [1.5, 1.0, 0.9])  # reach 64
+    add_copies_of_few_words(probed / "rope_0", "rope", 0, [0.02, 0.0, 0.0], keep_every_word=False)
+    out = report(probed)
+    numbers = pd.read_csv(out / "probes.csv").set_index(["encoding", "seed"])
+    assert numbers.loc[("alibi", 0), "gain_0"] == pytest.approx(0.5)  # the every-word rows alone
+    assert numbers.loc[("alibi", 0), "copy_reach"] == 16 and numbers.loc[("alibi", 1), "copy_reach_vocab"] == 64
+    assert numbers.loc[("alibi", 0), "gain_0_vocab"] == pytest.approx(2.0)
+    assert numbers.loc[("rope", 0), "copy_vocab"] == 128 and math.isnan(numbers.loc[("rope", 0), "gain_0"])
+    summary = (out / "summary.md").read_text()
+    assert "| alibi |  | 4 | 2 | 0.450 ± 0.071 | 8 ± 11 | 128 | 1.750 ± 0.354 | 40 ± 34 |" in summary
+    assert "| rope |  | 4 | 1 |  |  | 128 | 0.020 | no_copying |" in summary  # no every-word rows: blank
+    assert (out / "copy_probe.png").is_file() and (out / "copy_probe_vocab128.png").stat().st_size > 1000

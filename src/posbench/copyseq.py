@@ -22,12 +22,13 @@ COPY_STREAM = 0xC0B1
 TRAIN_COPY_STREAM = 0xC0B2
 
 
-def draw_spans(vocab_size: int, cfg) -> tuple[Tensor, Tensor]:
+def draw_spans(symbols: Tensor | int, cfg) -> tuple[Tensor, Tensor]:
     """The copied spans A and the baseline spans B, each (``cfg.trials``, ``cfg.span``), drawn independently by
-    ``cfg.seed`` (a ``CopyProbeConfig``)."""
+    ``cfg.seed`` (a ``CopyProbeConfig``), uniformly from ``symbols`` (word ids; an int n: the ids 0..n-1)."""
+    symbols = torch.arange(symbols) if isinstance(symbols, int) else symbols
     rng = np.random.default_rng([COPY_STREAM, cfg.seed])
-    spans = rng.integers(0, vocab_size, (2, cfg.trials, cfg.span))
-    return torch.from_numpy(spans[0]), torch.from_numpy(spans[1])
+    spans = symbols[torch.from_numpy(rng.integers(0, len(symbols), (2, cfg.trials, cfg.span)))]
+    return spans[0], spans[1]
 
 
 def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -39,13 +40,15 @@ def copy_sequences(tokens: Tensor, spans: tuple[Tensor, Tensor], distance: int, 
     return torch.cat([copied, filler, copied], 1), torch.cat([baseline, filler, copied], 1)
 
 
-def copy_symbols(tokens: Tensor, vocab_size: int, most_frequent: int | None) -> Tensor:
-    """The words training's copy spans draw from, uniformly (``train.copy_vocab``): the ``most_frequent`` words
-    of ``tokens`` (ties to the lower id), or every word of the vocabulary (``None``)."""
+def copy_symbols(
+    tokens: Tensor, vocab_size: int, most_frequent: int | None, option: str = "train.copy_vocab"
+) -> Tensor:
+    """The words copy spans draw from, uniformly (``train.copy_vocab``, ``probe.vocab``: the ``option``): the
+    ``most_frequent`` words of ``tokens`` (ties to the lower id), or every word of the vocabulary (``None``)."""
     if most_frequent is None:
         return torch.arange(vocab_size)
     if most_frequent > vocab_size:
-        raise PosbenchError(f"train.copy_vocab={most_frequent} exceeds the vocabulary's {vocab_size} words")
+        raise PosbenchError(f"{option}={most_frequent} exceeds the vocabulary's {vocab_size} words")
     counts = torch.bincount(tokens, minlength=vocab_size)
     return counts.argsort(descending=True, stable=True)[:most_frequent]
 

@@ -2,7 +2,8 @@
 
 Protocol (``copy_probe``):
 
-* Sequences: a span A of ``span`` tokens drawn uniformly from the vocabulary, then d tokens of real text
+* Sequences: a span A of ``span`` tokens drawn uniformly from the vocabulary (``vocab``: from the training
+  split's ``vocab`` most frequent words, those a copy-trained model's warm-up drew from), then d tokens of real text
   (a window of the stream at a random offset), then A again. Its baseline is the same sequence with the
   first A replaced by a different random span B. Both score the second A's tokens 2..span.
 * Distances: ``distances``, by default 0, 16, 64 and 1/2, 1, 2, 4, 8 and 16 x train_len. Distances longer
@@ -12,7 +13,8 @@ Protocol (``copy_probe``):
   drawn per distance. Both come from NumPy generators keyed by (``copyseq.COPY_STREAM``, seed[, d]), apart
   from any generator seeded with a training seed alone, and untouched by the global torch or NumPy state
   (``copyseq`` makes the sequences; training draws its own copy sequences there too).
-* Per distance: ``nll_copy`` and ``nll_baseline`` are mean NLLs over trials x (span - 1) tokens,
+* Per distance (and ``vocab``, empty for every word: part of a row's identity): ``nll_copy`` and
+  ``nll_baseline`` are mean NLLs over trials x (span - 1) tokens,
   ``gain`` = nll_baseline - nll_copy (nats), ``accuracy`` and ``accuracy_baseline`` the top-1 accuracy
   on the same tokens.
 
@@ -37,6 +39,7 @@ from . import device_of, within_data
 
 COLUMNS = [
     "distance",
+    "vocab",
     "trials",
     "nll_copy",
     "nll_baseline",
@@ -62,6 +65,8 @@ class CopyProbeConfig:
     trials: int = 64
     #: Seed of the spans and filler offsets (keyed apart from training seeds by ``COPY_STREAM``).
     seed: int = 0
+    #: Spans draw from the training split's this many most frequent words (``null``: from every word).
+    vocab: Optional[int] = None
 
     def __post_init__(self):
         raise_problems(self.problems())  # ProblemsFound, a ValueError: every broken rule at once
@@ -74,6 +79,8 @@ class CopyProbeConfig:
             found.append(f"probe.trials={self.trials} must be at least 1")
         if self.distances is not None and (not self.distances or min(self.distances) < 0):
             found.append(f"probe.distances={list(self.distances)} must be non-negative integers")
+        if self.vocab is not None and self.vocab < 2:
+            found.append(f"probe.vocab={self.vocab} must be at least 2 words or null (every word)")
         return found
 
 
@@ -117,7 +124,7 @@ def summarize(nll: Tensor, hit: Tensor, trials: int) -> dict:
 def copy_probe(
     model: nn.Module,
     tokens: Tensor,
-    vocab_size: int,
+    symbols: Tensor | int,
     train_len: int,
     cfg: CopyProbeConfig,
     batch_tokens: int,
@@ -125,7 +132,9 @@ def copy_probe(
     measured: Collection[int] = (),
     on_row: Callable[[pd.DataFrame], None] | None = None,
 ) -> pd.DataFrame:
-    """The copy probe of ``model``, filler from ``tokens`` (1-D): one row per distance; see the module.
+    """The copy probe of ``model``, filler from ``tokens`` (1-D), spans from ``symbols`` (the words of
+    ``copyseq.copy_symbols(train split, vocab size, cfg.vocab)``, or the vocabulary's size: every word): one row
+    per distance; see the module.
 
     ``measured``: distances left out (measured already, by an interrupted attempt on the same weights);
     ``on_row``: called with each distance's row as soon as it is measured (a long probe's rows are kept
@@ -133,10 +142,10 @@ def copy_probe(
     model.eval()
     logits_fn = logits_fn or default_logits_fn(model)
     distances = within_data(cfg.distances or default_distances(train_len), len(tokens), "probe.distances")
-    spans = draw_spans(vocab_size, cfg)
+    spans = draw_spans(symbols, cfg)
     rows = []
     for distance in (d for d in distances if d not in measured):
-        where = dict(distance=distance, trials=cfg.trials)
+        where = dict(distance=distance, vocab=cfg.vocab, trials=cfg.trials)
         reason = model.encoding.unsupported_reason(2 * cfg.span + distance - 1)
         if reason:
             rows.append(dict(where, status="unsupported", reason=reason))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from ..copyseq import copy_symbols
 from ..costs import check_copy_probe
 from ..data import Corpus
 from ..errors import PosbenchError
@@ -65,6 +66,7 @@ def check_probe_data(corpus: Corpus, cfg: DictConfig, device) -> None:
         if not distances:
             raise PosbenchError(f"probe.distances={list(probe.distances)}: {split}, fewer than any distance")
         check_copy_probe(cfg, corpus.vocab_size, distances, device)
+        copy_symbols(corpus.splits["train"], corpus.vocab_size, probe.vocab, "probe.vocab")
     if "attention" in cfg.probes and cfg.train_len > n_tokens:
         raise PosbenchError(f"probes=[attention] reads train_len={cfg.train_len} tokens at least: {split}")
 
@@ -85,10 +87,14 @@ def window(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state:
 
 def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: ModelState, keep_measured) -> Tables:
     """Each distance's row merged into copy_probe.csv as it is measured; with ``keep_measured``, the distances
-    already there (measured on these weights, in this variant) are not measured again."""
+    already there (measured on these weights, in this variant, with these words) are not measured again."""
     tokens, probe, identity = probe_tokens(corpus, cfg), probe_config(cfg.probe), probe_identity(cfg)
+    symbols = copy_symbols(corpus.splits["train"], corpus.vocab_size, probe.vocab, "probe.vocab")
     kept = measured_rows(out_dir, COPY_CSV, state) if keep_measured else pd.DataFrame()
-    measured = set(kept.loc[kept["variant"].fillna("") == identity["variant"], "distance"]) if len(kept) else set()
+    if len(kept):
+        words = kept.reindex(columns=["vocab"])["vocab"].astype("string").fillna("")  # a file older than vocab: ""
+        kept = kept[(kept["variant"].fillna("") == identity["variant"]) & (words == str(probe.vocab or ""))]
+    measured = set(kept["distance"]) if len(kept) else set()
     if measured:
         log.info(
             "probe copy: distances %s kept, measured on these weights before the run was interrupted", sorted(measured)
@@ -97,7 +103,7 @@ def copy(model, corpus: Corpus, cfg: DictConfig, device, out_dir: Path, state: M
     def merge(row: pd.DataFrame) -> None:
         merge_tables(out_dir, {COPY_CSV: row}, identity, state)
 
-    copy_probe(model, tokens, corpus.vocab_size, cfg.train_len, probe, cfg.eval.batch_tokens, None, measured, merge)
+    copy_probe(model, tokens, symbols, cfg.train_len, probe, cfg.eval.batch_tokens, None, measured, merge)
     return {}
 
 

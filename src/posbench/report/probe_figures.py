@@ -58,8 +58,8 @@ def plot_context_usage(table: pd.DataFrame, colours: dict, path: Path) -> bool:
     return True
 
 
-def plot_copy_probe(table: pd.DataFrame, colours: dict, path: Path) -> bool:
-    """Copy gain against the distance between the span and its repeat."""
+def plot_copy_probe(table: pd.DataFrame, colours: dict, path: Path, spans: str = "") -> bool:
+    """Copy gain against the distance between the span and its repeat (``spans``: what they drew from)."""
     curves = seed_means(table, "distance", "gain") if len(table) else table
     if curves.empty:
         return False
@@ -72,7 +72,7 @@ def plot_copy_probe(table: pd.DataFrame, colours: dict, path: Path) -> bool:
     ax.axhline(0, color="black", linewidth=1)
     ax.set_xlabel("distance d (tokens of text between the span and its repeat)")
     ax.set_ylabel("gain = nll_baseline − nll_copy (nats)")
-    finish(fig, ax, "Long-range copy (dotted: training length)", path)
+    finish(fig, ax, f"Long-range copy{spans} (dotted: training length)", path)
     return True
 
 
@@ -130,6 +130,10 @@ def draw_probe_figures(runs: Runs, colours: dict, out: Path, results: pd.DataFra
         return table if table.empty else unlabelled_single_precision(table, results)
 
     plot_context_usage(rows(CONTEXT_CSV), colours, out / "context_usage.png")
-    plot_copy_probe(rows(COPY_CSV), colours, out / "copy_probe.png")
+    copies = rows(COPY_CSV)
+    words = copies.reindex(columns=["vocab"])["vocab"]
+    plot_copy_probe(copies[words.isna()], colours, out / "copy_probe.png")
+    for n in sorted(words.dropna().unique()):  # spans from the n most frequent words: a figure each
+        plot_copy_probe(copies[words == n], colours, out / f"copy_probe_vocab{n}.png", f", spans of {n} words")
     plot_attention_entropy(rows(ATTENTION_CSV), colours, out / "attention_entropy.png")
     plot_bias_curves(rows(BIAS_CSV), colours, out / "bias_curves.png")

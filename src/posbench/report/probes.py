@@ -20,8 +20,8 @@ ANATOMY_MULTIPLES = (1, 4, 16)
 #: The window gap is read at this multiple of train_len.
 GAP_MULTIPLE = 16
 
-#: What an empty cell of a row with other numbers means.
-BLANK = {"copy_reach": "no_copying"}
+#: An empty copy_reach where its gain was measured: no copying (copy_reach: None).
+NO_COPYING = {"copy_reach": "gain_0", "copy_reach_vocab": "gain_0_vocab"}
 #: summary.md's probe tables: title, what the numbers mean, and (column, header, digits) per cell.
 TABLES = [
     (
@@ -41,8 +41,15 @@ TABLES = [
         "Long-range copy",
         "`gain_0`: nll of a random span's second copy, right after the first, below the baseline's (nats); "
         "`copy_reach`: the largest distance whose gain is at least half of that, over the seeds that copy "
-        "(gain_0 ≥ 0.1; `no_copying` where none does).",
-        [("gain_0", "gain at d = 0 (nats)", 3), ("copy_reach", "copy_reach (tokens)", 0)],
+        "(gain_0 ≥ 0.1; `no_copying` where none does); spans from every word, and (where a run has them) from "
+        "the training split's `probe.vocab` most frequent words.",
+        [
+            ("gain_0", "gain at d = 0 (nats)", 3),
+            ("copy_reach", "copy_reach (tokens)", 0),
+            ("copy_vocab", "probe.vocab (words)", None),
+            ("gain_0_vocab", "gain at d = 0, those words (nats)", 3),
+            ("copy_reach_vocab", "copy_reach, those words (tokens)", 0),
+        ],
     ),
     (
         "Attention anatomy",
@@ -68,11 +75,21 @@ def context_numbers(table: pd.DataFrame, train_len: int) -> dict:
 
 
 def copy_numbers(table: pd.DataFrame) -> dict:
+    """gain_0 and copy_reach of the spans from every word; with a ``_vocab`` suffix, of those from the largest
+    ``probe.vocab`` the run has rows of (``copy_vocab``)."""
+    words = table.reindex(columns=["vocab"])["vocab"]
+    numbers = reach_numbers(table[words.isna()], "")
+    if words.notna().any():
+        numbers.update(reach_numbers(table[words == words.max()], "_vocab"), copy_vocab=int(words.max()))
+    return numbers
+
+
+def reach_numbers(table: pd.DataFrame, suffix: str) -> dict:
     ok = table[table["status"] == "ok"].set_index("distance")["gain"]
     if 0 not in ok.index:
         return {}
     reach = copy_reach(table).distance
-    return dict(gain_0=ok[0], copy_reach=math.nan if reach is None else reach)
+    return {f"gain_0{suffix}": ok[0], f"copy_reach{suffix}": math.nan if reach is None else reach}
 
 
 def window_numbers(results: pd.DataFrame, train_len: int) -> dict:
@@ -126,10 +143,13 @@ def probe_numbers(runs: list[Run]) -> pd.DataFrame:
     return pd.DataFrame([run_numbers(run) for run in runs])
 
 
-def cell(values: pd.Series, digits: int) -> str:
+def cell(values: pd.Series, digits: int | None) -> str:
+    """Mean ± std over seeds; ``digits`` None: the distinct values, listed."""
     values = values.dropna()
     if values.empty:
         return ""
+    if digits is None:
+        return ", ".join(str(int(v)) for v in sorted(values.unique()))
     mean, std = values.mean(), values.std()
     return f"{mean:.{digits}f}" if pd.isna(std) else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
@@ -148,9 +168,12 @@ def probe_markdown(numbers: pd.DataFrame) -> list[str]:
         )
         rows, line = [], [c for c in LINE if named.get(c, True)]  # one precision, no mixed lengths: unnamed
         for key, group in sorted(numbers.groupby(line), key=lambda item: line_key(item[0])):
-            cells = [cell(group[column], digits) for column, _, digits in present]
-            if any(cells):
-                cells = [text or BLANK.get(column, "") for text, (column, _, _) in zip(cells, present)]
+            cells = {column: cell(group[column], digits) for column, _, digits in present}
+            if any(cells.values()):
+                for column, gain in NO_COPYING.items():
+                    if column in cells and not cells[column] and cells.get(gain):
+                        cells[column] = "no_copying"
+                cells = list(cells.values())
                 rows.append([*key, group["seed"].nunique(), *cells])
         header = [*line, "seeds", *(name for _, name, _ in present)]
         sections.append(f"## {title}\n\n{meaning}\n\n{markdown_table(header, rows)}")

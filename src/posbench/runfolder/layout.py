@@ -50,7 +50,7 @@ MEASUREMENT_KEYS = {
     PER_POSITION: RESULT_KEYS,  # a measurement's rows are replaced whole (its buckets may change)
     PER_ARTICLE: RESULT_KEYS,  # likewise (its number of articles changes with eval.max_tokens)
     CONTEXT_CSV: ["variant", "split", "context", "subset"],
-    COPY_CSV: ["variant", "distance"],
+    COPY_CSV: ["variant", "distance", "vocab"],  # vocab: the words spans drew from (empty: every word)
     ATTENTION_CSV: ["variant", "eval_len", "layer", "head"],
     BIAS_CSV: ["variant", "head", "distance"],
     GENERATION: [*SAMPLE_KEYS, "position"],

@@ -40,7 +40,8 @@ log = logging.getLogger(__package__)  # posbench.runfolder, the name its log lin
 def read_csv(path: Path) -> pd.DataFrame:
     """A result CSV (plain or gzipped) with its state columns: rows from before them get the run of their
     folder, an unknown step (``best_step`` for those training wrote) and ``model_final`` true."""
-    table = pd.read_csv(path, dtype={"variant": "string", "run_id": "string"})
+    # vocab (copy_probe.csv) is a key: 128 must read back as 128, not 128.0, beside empty cells
+    table = pd.read_csv(path, dtype={"variant": "string", "run_id": "string", "vocab": "Int64"})
     if "run_id" not in table:
         table["run_id"] = legacy_run_id(Path(path).parent)
     if "model_step" not in table:
