@@ -7,8 +7,10 @@ from posbench.checkpoint import CHECKPOINT
 from posbench.commands import probe as probe_command
 from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
+from posbench.probes.suite import run_probes
 from posbench.runfolder import ATTENTION_CSV, BIAS_CSV, CONTEXT_CSV, COPY_CSV
 from posbench.runfolder import PROBE_IDENTITY as IDENTITY
+from posbench.saved_run import load_run
 
 SMALL = ["eval.max_tokens=2048", "eval.splits=[test]", "probe.targets=64", "probe.trials=4", "probe.block=16"]
 
@@ -104,6 +106,19 @@ def test_copy_rows_of_other_words_are_other_rows(tmp_path, saved_run, probe):
     assert len(read(run / COPY_CSV)) == 4
     with pytest.raises(PosbenchError, match="probe.vocab=99999 exceeds the vocabulary's"):
         probe(run, ["probes=[copy]", "probe.vocab=99999"])
+
+
+def test_a_resumed_copy_probe_keeps_only_its_own_words_distances(tmp_path, saved_run, probe, compose_config):
+    """Training's finish, resumed (keep_measured), skips distances measured on these weights with the same
+    words only: rows of every word's spans do not stand in for spans of 8 words."""
+    run = saved_run(tmp_path / "run", encoding="alibi")
+    probe(run, ["probes=[copy]", "probe.distances=[0,16]"])
+    overrides = [*SMALL, "probes=[copy]", "probe.distances=[0,16]", "probe.vocab=8"]
+    command = compose_config("probe", [f"checkpoint={run}", *overrides])
+    loaded = load_run(command, ["checkpoint", *(o.split("=")[0] for o in overrides)])
+    loaded.cfg.probes, loaded.cfg.probe = command.probes, command.probe
+    run_probes(loaded.model, loaded.corpus, loaded.cfg, loaded.device, run, loaded.state, keep_measured=True)
+    assert read(run / COPY_CSV)["vocab"].fillna(0).tolist() == [0, 0, 8, 8]
 
 
 def test_probes_write_elsewhere_when_told(tmp_path, saved_run, probe):
