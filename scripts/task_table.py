@@ -4,9 +4,13 @@ start of the sequence (the longest distance), as ``near / longest``.
 
     python scripts/task_table.py docs/results/runs/tasks0/report --task passkey
     python scripts/task_table.py docs/results/runs/tasks0/report --task copy --near 16
+    python scripts/task_table.py REPORT_OF_SEVERAL_SEEDS --task passkey --reach 0.9
 
 Reads the report's task_summary.csv and task_results.csv (what ``posbench report`` writes): means over the seeds
 that learned the task; a model no seed learned gets ``not learned`` and the best validation accuracy.
+With ``--reach A`` it prints instead, for each seed, the longest multiple of train_len up to which the answer is
+found at every distance with accuracy at least A, at that length and every shorter one (``< 1×``: not even at
+train_len; ``not learned``: the seed did not learn the task; empty: no such seed).
 """
 
 from __future__ import annotations
@@ -57,12 +61,39 @@ def table(report: Path, task: str, near: int = 0) -> str:
     return markdown_table(header, rows)
 
 
+def seed_reach(run: pd.DataFrame, threshold: float) -> str:
+    """One run's reach: the longest eval_len, as a multiple of train_len, of an unbroken run of lengths from the
+    shortest at which every distance was served and found with accuracy >= threshold."""
+    if (run["status"] == "not_learned").any():
+        return "not learned"
+    found = ((run["status"] == "ok") & (run["accuracy"] >= threshold)).groupby(run["eval_len"]).all()
+    held = found.cummin()  # an unbroken run from the shortest length: a later pass does not resume reach
+    return f"{held[held].index.max() // int(run['train_len'].iloc[0])}×" if held.any() else "< 1×"
+
+
+def reach_table(report: Path, task: str, threshold: float) -> str:
+    results = pd.read_csv(report / "task_results.csv", dtype={"variant": str}).fillna({"variant": ""})
+    results = results[results["task"] == task]
+    seeds = sorted(results["seed"].unique())
+    rows = []
+    for model, group in results.groupby(MODEL, sort=True):
+        by_seed = {seed: seed_reach(run, threshold) for seed, run in group.groupby("seed")}
+        rows.append([model[0] + (f" ({model[1]})" if model[1] else ""), *(by_seed.get(s, "") for s in seeds)])
+    return markdown_table(["encoding", *(f"seed {s}" for s in seeds)], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, help="a report folder (posbench report DIR writes DIR/report)")
     parser.add_argument("--task", required=True)
     parser.add_argument("--near", type=int, default=0, help="the near distance shown beside the longest (0)")
+    parser.add_argument("--reach", type=float, help="print each seed's reach at this accuracy instead")
     args = parser.parse_args()
+    if args.reach is not None:
+        if not 0 < args.reach <= 1:
+            parser.error("--reach must be in (0, 1]")
+        print(reach_table(args.report, args.task, args.reach))
+        return
     summary = pd.read_csv(args.report / "task_summary.csv")
     if args.near not in set(summary.loc[summary["task"] == args.task, "distance"]):
         parser.error(f"no {args.task} row at distance {args.near}")

@@ -58,3 +58,35 @@ def test_near_picks_the_distance_shown_beside_the_longest_and_must_be_measured(t
     assert done.stdout.strip().splitlines()[2] == "| alibi | 1 of 1 (step 1,500) | 0.50 / 0.75 | 0.12 / 0.00 |"
     done = subprocess.run([*command, "17"], capture_output=True, text=True)
     assert done.returncode == 2 and "no passkey row at distance 17" in done.stderr
+
+
+def measured(encoding, seed, accuracies, status="ok"):
+    """Rows of one run: ``accuracies`` maps eval_len to the accuracy at each of its distances."""
+    return [dict(task="passkey", encoding=encoding, variant=None, train_len=64, seed=seed, eval_len=eval_len,
+                 distance=distance, accuracy=accuracy, status=status, run_id=f"{encoding}{seed}")
+            for eval_len, by_distance in accuracies.items()
+            for distance, accuracy in enumerate(by_distance)]  # fmt: skip
+
+
+def test_reach_is_per_seed_the_longest_multiple_up_to_which_every_distance_is_found(tmp_path):
+    rows = (measured("alibi", 0, {64: [1.0, 1.0], 128: [1.0, 0.9], 256: [0.95, 0.5], 512: [1.0, 1.0]})
+            + measured("alibi", 1, {64: [1.0, 0.8], 128: [1.0, 1.0], 256: [1.0, 1.0], 512: [1.0, 1.0]})
+            + measured("alibi", 2, {64: [1.0, 1.0], 128: [1.0, 1.0], 256: [1.0, 1.0], 512: [0.9, 0.95]})
+            + measured("learned", 0, {64: [1.0, 1.0]}) + measured("learned", 0, {128: [0.0, 0.0]}, "unsupported")
+            + measured("none", 1, {64: [0.0, 0.0], 128: [0.0, 0.0]}, "not_learned"))  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "task_results.csv", index=False)
+    pd.DataFrame([point("alibi", 64, 0, 1.0)]).to_csv(tmp_path / "task_summary.csv", index=False)
+    command = [sys.executable, SCRIPT, tmp_path, "--task", "passkey", "--reach", "0.9"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # alibi: seed 0 holds to 2x (4x fails though 8x passes: reach is not resumed), seed 1 fails at 1x, seed 2
+    # holds everywhere measured; learned holds at 1x and cannot serve 2x; none did not learn
+    assert done.stdout.strip().splitlines() == [
+        "| encoding | seed 0 | seed 1 | seed 2 |",
+        "|---|---|---|---|",
+        "| alibi | 2× | < 1× | 8× |",
+        "| learned | 1× |  |  |",
+        "| none |  | not learned |  |",
+    ]
+    done = subprocess.run([*command[:-1], "1.5"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--reach must be in (0, 1]" in done.stderr
