@@ -43,19 +43,25 @@ def learned(results: pd.DataFrame, task: str) -> str:
     return f"{seeds_learned(runs)} (step {steps})" if steps else seeds_learned(runs)  # a variant: not trained
 
 
-def table(report: Path, task: str, near: int = 0) -> str:
+def read(report: Path, name: str) -> pd.DataFrame:
     # the variant as trained is empty: read as text, so that it is a group of its own
-    summary, results = (pd.read_csv(report / name, dtype={"variant": str}).fillna({"variant": ""})
-                        for name in ("task_summary.csv", "task_results.csv"))  # fmt: skip
+    return pd.read_csv(report / name, dtype={"variant": str}).fillna({"variant": ""})
+
+
+def model_name(model: tuple) -> str:
+    return model[0] + (f" ({model[1]})" if model[1] else "")
+
+
+def table(report: Path, task: str, near: int = 0) -> str:
+    summary, results = read(report, "task_summary.csv"), read(report, "task_results.csv")
     summary = summary[summary["task"] == task]
     lengths = sorted(summary["eval_len"].unique())
     rows = []
     for model, group in summary.groupby(MODEL, sort=True):
-        name = model[0] + (f" ({model[1]})" if model[1] else "")
         learned_by = learned(results[(results[MODEL] == pd.Series(model, index=MODEL)).all(axis=1)], task)
         seen = group["seeds"].max() > 0
         cells = [cell(group[group["eval_len"] == n], near) if seen else "" for n in lengths]
-        rows.append([name, learned_by, *cells])
+        rows.append([model_name(model), learned_by, *cells])
     train_len = int(summary["train_len"].iloc[0])
     header = ["encoding", "learned"] + [f"{n} ({n // train_len}×)" for n in lengths]
     return markdown_table(header, rows)
@@ -72,13 +78,13 @@ def seed_reach(run: pd.DataFrame, threshold: float) -> str:
 
 
 def reach_table(report: Path, task: str, threshold: float) -> str:
-    results = pd.read_csv(report / "task_results.csv", dtype={"variant": str}).fillna({"variant": ""})
+    results = read(report, "task_results.csv")
     results = results[results["task"] == task]
     seeds = sorted(results["seed"].unique())
     rows = []
     for model, group in results.groupby(MODEL, sort=True):
         by_seed = {seed: seed_reach(run, threshold) for seed, run in group.groupby("seed")}
-        rows.append([model[0] + (f" ({model[1]})" if model[1] else ""), *(by_seed.get(s, "") for s in seeds)])
+        rows.append([model_name(model), *(by_seed.get(s, "") for s in seeds)])
     return markdown_table(["encoding", *(f"seed {s}" for s in seeds)], rows)
 
 
@@ -86,15 +92,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path, help="a report folder (posbench report DIR writes DIR/report)")
     parser.add_argument("--task", required=True)
-    parser.add_argument("--near", type=int, default=0, help="the near distance shown beside the longest (0)")
-    parser.add_argument("--reach", type=float, help="print each seed's reach at this accuracy instead")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--near", type=int, default=0, help="the near distance shown beside the longest (0)")
+    shown.add_argument("--reach", type=float, help="print each seed's reach at this accuracy instead")
     args = parser.parse_args()
+    summary = pd.read_csv(args.report / "task_summary.csv")
+    if args.task not in set(summary["task"]):
+        parser.error(f"no {args.task} rows in {args.report}")
     if args.reach is not None:
         if not 0 < args.reach <= 1:
             parser.error("--reach must be in (0, 1]")
         print(reach_table(args.report, args.task, args.reach))
         return
-    summary = pd.read_csv(args.report / "task_summary.csv")
     if args.near not in set(summary.loc[summary["task"] == args.task, "distance"]):
         parser.error(f"no {args.task} row at distance {args.near}")
     print(table(args.report, args.task, args.near))

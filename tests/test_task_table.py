@@ -90,3 +90,8 @@ def test_reach_is_per_seed_the_longest_multiple_up_to_which_every_distance_is_fo
     ]
     done = subprocess.run([*command[:-1], "1.5"], capture_output=True, text=True)
     assert done.returncode == 2 and "--reach must be in (0, 1]" in done.stderr
+    done = subprocess.run([*command, "--near", "16"], capture_output=True, text=True)
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr  # --near means nothing there
+    command[command.index("--task") + 1] = "mqar"  # no such rows: one line, not an empty table
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and f"no mqar rows in {tmp_path}" in done.stderr
