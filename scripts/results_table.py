@@ -4,14 +4,17 @@ perplexity at train_len, the change at each longer length, and its probe numbers
     python scripts/results_table.py docs/results/runs/lengths/report --multiples
     python scripts/results_table.py outputs/study/report --encodings alibi,rope --window 8192
     python scripts/results_table.py docs/results/runs/seed0/report --variants --encodings rope
+    python scripts/results_table.py docs/results/runs/copylm0/report --copy
 
 Reads the report's results.csv, summary.csv and probes.csv (what ``posbench report`` writes), so every
 number in the table can be traced to the runs' CSVs. Rows are the non-overlapping test evaluation of
 each model as trained (variants that change the evaluation, such as windows, are left out; ``--window``
 adds a column for the window of train_len keys). ``--variants`` prints instead one row per evaluation of
 each model: as trained and each evaluation-time variant (scaling, log-n, temperature, window), under each
-evaluation mode, with the test tokens scored. Cells: mean over seeds, with the sample standard deviation
-at train_len and at the longest length when there are several; changes are of the mean.
+evaluation mode, with the test tokens scored. ``--copy`` prints instead the copy probe: per model, the
+accuracy of the copied spans at each distance (mean ± std over seeds) and each seed's copy_reach. Cells:
+mean over seeds, with the sample standard deviation at train_len and at the longest length when there are
+several; changes are of the mean.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ import pandas as pd
 from posbench.evaluate import variant_parts
 from posbench.markdown import markdown_table
 from posbench.report.tables import change, mean_std, signed
+from posbench.runfolder import COPY_CSV
 
 MODEL = ["encoding", "variant", "train_len", "train_lengths"]
+COPY_MULTIPLES = [2, 4, 8, 16, 32]  # the copy table's distances past train_len, as multiples of it
 
 
 PROBES = {  # probes.csv column: (heading, the cell made from its values over seeds)
@@ -151,6 +156,41 @@ def variants_table(report: Path, multiples: bool, encodings: list[str] | None) -
     return markdown_table(heading, lines)
 
 
+def copy_table(report: Path, encodings: list[str] | None) -> str:
+    """One row per model that has copy probe rows: the spans' words (the largest ``probe.vocab`` where the
+    model has them, as the report's copy_reach), the accuracy at d = 0, its range over the distances inside
+    train_len, at each multiple of train_len back, and each seed's copy_reach (probes.csv)."""
+    copies = read(report / COPY_CSV)
+    probes = read(report / "probes.csv")
+    heading = ["encoding", "variant", "train_len", "seeds", "spans of", "accuracy at d = 0", "0 < d < train_len"]
+    heading += [*(f"d = {m}×" for m in COPY_MULTIPLES), "copy_reach (tokens), by seed"]
+    lines = []
+    for key, rows in copies[copies.status == "ok"].groupby(MODEL, sort=True):
+        encoding, variant, train_len, _ = key
+        if encodings and encoding not in encodings:
+            continue
+        vocab = rows.vocab.max() if "vocab" in rows else float("nan")
+        rows = rows[rows.vocab == vocab] if pd.notna(vocab) else rows[rows.reindex(columns=["vocab"])["vocab"].isna()]
+        by_distance = rows.groupby("distance").accuracy.agg(["mean", "std"])
+        inside = by_distance["mean"][(by_distance.index > 0) & (by_distance.index < train_len)]
+        cells = [encoding, variant, f"{train_len:,}", str(rows.seed.nunique())]
+        cells += [f"{vocab:,.0f} words" if pd.notna(vocab) else "every word", accuracy(by_distance, 0)]
+        cells += [f"{inside.min():.2f}–{inside.max():.2f}" if len(inside) else ""]
+        cells += [accuracy(by_distance, m * train_len) for m in COPY_MULTIPLES]
+        reach = same_model(probes, key).sort_values("seed")[f"copy_reach{'_vocab' if pd.notna(vocab) else ''}"]
+        cells.append("; ".join("no_copying" if pd.isna(r) else f"{r:,.0f}" for r in reach))
+        lines.append(cells)
+    return markdown_table(heading, lines)
+
+
+def accuracy(by_distance: pd.DataFrame, distance: int) -> str:
+    """'0.84', or '0.84 ± 0.03' over several seeds; '' where the distance was not measured."""
+    if distance not in by_distance.index:
+        return ""
+    mean, std = by_distance.loc[distance]
+    return f"{mean:.2f}" if pd.isna(std) else f"{mean:.2f} ± {std:.2f}"
+
+
 def natural(key: tuple) -> list[tuple]:
     """A sort key that puts numbers in labels in their order: linear×4 before linear×16, temp1.25 before temp1.5."""
     parts = [re.split(r"(\d+(?:\.\d+)?)", str(k)) for k in key]  # text, number, text, ...
@@ -170,11 +210,14 @@ def main() -> None:
     layout = parser.add_mutually_exclusive_group()  # --variants has the window as a row of its own
     layout.add_argument("--window", type=int, help="add the window of train_len keys at this eval_len (or multiple)")
     layout.add_argument("--variants", action="store_true", help="a row per evaluation: variants, modes, tokens")
+    layout.add_argument("--copy", action="store_true", help="the copy probe: accuracy by distance, copy_reach")
     args = parser.parse_args()
     encodings = args.encodings.split(",") if args.encodings else None
     try:
         if args.variants:
             text = variants_table(args.report, args.multiples, encodings)
+        elif args.copy:
+            text = copy_table(args.report, encodings)
         else:
             text = table(args.report, args.multiples, args.window, encodings)
     except (OSError, KeyError, ValueError) as error:  # not a report folder, or one without these columns

@@ -98,7 +98,7 @@ def test_runs_without_probes_have_no_probe_sections(probed):
     summary = (out / "summary.md").read_text()
     assert "## Context usage" not in summary and "## Long-range copy" not in summary
     assert "## Window counterfactual" in summary  # from the window4 rows of results.csv
-    assert not (out / "context_usage.png").exists()
+    assert not (out / "context_usage.png").exists() and not (out / COPY_CSV).exists()
 
 
 def test_a_run_trained_at_randomized_positions_has_probe_numbers_of_its_own(probed):
@@ -157,3 +157,8 @@ def test_copy_numbers_of_a_restricted_vocabulary_stand_apart(probed):
     assert "| alibi |  | 4 | 2 | 0.450 ± 0.071 | 8 ± 11 | 128 | 1.750 ± 0.354 | 40 ± 34 |" in summary
     assert "| rope |  | 4 | 1 |  |  | 128 | 0.020 | no_copying |" in summary  # no every-word rows: blank
     assert (out / "copy_probe.png").is_file() and (out / "copy_probe_vocab128.png").stat().st_size > 1000
+    copies = pd.read_csv(out / COPY_CSV)  # every run's rows, each with its run's identity
+    assert len(copies) == 6 + 6 + 3 and copies.groupby(["encoding", "seed"]).size().to_dict() == {
+        ("alibi", 0): 6, ("alibi", 1): 6, ("rope", 0): 3}  # fmt: skip
+    few = copies[copies.vocab == 128].set_index(["encoding", "seed", "distance"])["gain"]
+    assert few[("alibi", 1, 64)] == pytest.approx(0.9) and few[("rope", 0, 0)] == pytest.approx(0.02)

@@ -112,3 +112,25 @@ def test_mixed_training_lengths_stay_in_one_cell(tmp_path):
 def test_a_closed_pipe_ends_it_quietly(tmp_path, into_closed_pipe):
     done = into_closed_pipe([sys.executable, SCRIPT, write_report(tmp_path)])
     assert done.returncode == -signal.SIGPIPE and done.stderr == ""
+
+
+def test_copy_prints_accuracy_by_distance_of_the_restricted_spans_and_each_seeds_reach(tmp_path):
+    def copy_row(encoding, seed, distance, accuracy, vocab=None):
+        return dict(encoding=encoding, variant=None, train_len=256, train_lengths="256", seed=seed,
+                    distance=distance, vocab=vocab, accuracy=accuracy, status="ok")  # fmt: skip
+
+    copies = [copy_row("alibi", s, d, a, 128) for s, accs in [(0, [0.8, 0.9, 0.7, 0.5]), (1, [0.6, 0.7, 0.5, 0.1])]
+              for d, a in zip([0, 64, 192, 512], accs)]  # fmt: skip
+    copies += [copy_row("alibi", 0, d, 0.0) for d in (0, 512)]  # every word's spans: not the table's
+    copies += [copy_row("rope", 0, d, 0.01) for d in (0, 1024)]
+    copies.append(copy_row("rope", 0, 2048, None) | {"status": "unsupported"})  # not measured: an empty cell
+    pd.DataFrame(copies).to_csv(tmp_path / "copy_probe.csv", index=False)
+    probes = [dict(encoding="alibi", variant=None, train_len=256, train_lengths="256", seed=s, copy_reach=None,
+                   copy_reach_vocab=r) for s, r in [(1, 192), (0, 1024)]]  # fmt: skip
+    probes.append(dict(encoding="rope", variant=None, train_len=256, train_lengths="256", seed=0, copy_reach=None))
+    pd.DataFrame(probes).to_csv(tmp_path / "probes.csv", index=False)
+    heading, _, alibi, rope = rows(str(tmp_path), "--copy")
+    assert heading[4:9] == ["spans of", "accuracy at d = 0", "0 < d < train_len", "d = 2×", "d = 4×"]
+    assert alibi == ["alibi", "", "256", "2", "128 words", "0.70 ± 0.14", "0.60–0.80", "0.30 ± 0.28",
+                     "", "", "", "", "1,024; 192"]  # fmt: skip
+    assert rope == ["rope", "", "256", "1", "every word", "0.01", "", "", "0.01", "", "", "", "no_copying"]

@@ -1,14 +1,14 @@
 """``posbench report DIR``: tables and figures from the CSVs of every run below DIR.
 
-Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row), summary.csv
-(mean and std over seeds), summary.md, and ppl_vs_length, per_position_loss and training_curves
-as PNG and SVG; where runs have probe CSVs, probes.csv (derived numbers per run), their tables in
-summary.md and their figures; with ``compare=ENCODING``, compare.csv (paired differences in NLL against that
-encoding, with bootstrap CIs) and its tables in summary.md; a ``Selection`` (``variants=``, ``modes=``)
-keeps some evaluations only, in every file. Task runs (task_results.csv) add task_results.csv, task_summary.csv,
-their tables in summary.md and task_<name> figures (``tasks``); the generation.csv of ``posbench generate`` adds
-generation_summary.csv, its tables and the figure ``generation`` (``generation``). ``collect`` reads, ``tables``,
-``probes`` and ``compare`` compute, ``figures`` and ``probe_figures`` draw.
+Reads CSVs only, never trains. Writes DIR/report/: results.csv (every usable row), summary.csv (mean and std over
+seeds), summary.md, and ppl_vs_length, per_position_loss and training_curves as PNG and SVG; where runs have probe
+CSVs, probes.csv (derived numbers per run), copy_probe.csv (the copy probe's rows of every run), their tables in
+summary.md and their figures; with ``compare=ENCODING``, compare.csv (paired differences in NLL against that encoding,
+with bootstrap CIs) and its tables in summary.md; a ``Selection`` (``variants=``, ``modes=``) keeps some evaluations
+only, in every file. Task runs (task_results.csv) add task_results.csv, task_summary.csv, their tables in summary.md
+and task_<name> figures (``tasks``); the generation.csv of ``posbench generate`` adds generation_summary.csv, its
+tables and the figure ``generation`` (``generation``). ``collect`` reads, ``tables``, ``probes`` and ``compare``
+compute, ``figures`` and ``probe_figures`` draw.
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ from typing import Iterator
 
 from ..errors import PosbenchError
 from ..io import write_csv, write_text
-from ..runfolder import BUILDING_PREFIX, LOCK_FILE, PER_ARTICLE, PROBE_IDENTITY, REPORT_DIR, REPORT_MARK, RESULTS
+from ..runfolder import (
+    BUILDING_PREFIX,
+    COPY_CSV,
+    LOCK_FILE,
+    PER_ARTICLE,
+    PROBE_IDENTITY,
+    REPORT_DIR,
+    REPORT_MARK,
+    RESULTS,
+)
 from .collect import KEEP_ALL, Runs, Selection, collect_results, collect_runs
 from .compare import compare_markdown, compare_runs
 from .figures import draw_figures, encoding_colours
@@ -81,6 +90,9 @@ def text_files(root: Path, runs: Runs, compare: str | None, building: Path, sect
     write_csv(summary, building / "summary.csv")
     if set(probes.columns) > set(PROBE_IDENTITY):  # some run has derived probe numbers
         write_csv(probes, building / "probes.csv")
+    copies = runs.rows(COPY_CSV)
+    if not copies.empty:  # the copy probe's rows, for tables of accuracy against distance
+        write_csv(copies, building / COPY_CSV)
     shown, shown_summary = (unlabelled_single_precision(df, results) for df in (results, summary))
     shown_probes = probe_markdown(unlabelled_single_precision(probes, results) if len(probes) else probes)
     shown_compare = []
