@@ -109,6 +109,7 @@ def test_a_sweep_over_checkpoints_evaluates_each_into_its_own_run(tmp_path, save
         results = pd.read_csv(run / "results.csv")
         assert list(results["encoding"]) == [encoding] and list(results["eval_len"]) == [32]
         assert (run / ".hydra" / "eval" / "config.yaml").is_file()
+        assert f"posbench eval checkpoint={run} eval_lens=[32]" in (run / "eval.log").read_text()  # what it was asked
 
 
 def test_a_run_measured_last_with_a_variant_is_still_averaged_with_its_seeds(tmp_path, saved_run, evaluate):

@@ -9,6 +9,7 @@ it finds the command by the name of its config (``hydra.job.config_name``: train
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -98,8 +99,11 @@ def hydra_argv(name: str, args: list[str]):
 @hydra.main(config_path=str(CONFIG_DIR), config_name=None, version_base="1.3")
 def hydra_job(cfg) -> None:
     """One job: the command whose config Hydra composed runs it, in the job's run folder; a job of a sweep that
-    fails is recorded and the sweep goes on (``sweep.run_job``)."""
+    fails is recorded and the sweep goes on (``sweep.run_job``). The job's log begins with its command and
+    overrides: a later eval or probe of the same run replaces the folder's .hydra/eval (or probe) record, and
+    the log, which grows, keeps what each one was asked."""
     hydra_cfg = HydraConfig.get()
+    logging.getLogger(__name__).info("posbench %s %s", hydra_cfg.job.config_name, " ".join(hydra_cfg.overrides.task))
     run, run_dir = command(hydra_cfg.job.config_name).run, Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep.run_job(run, cfg, run_dir, Path(hydra_cfg.sweep.dir))
