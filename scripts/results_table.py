@@ -175,7 +175,7 @@ def copy_table(report: Path, encodings: list[str] | None) -> str:
         inside = by_distance["mean"][(by_distance.index > 0) & (by_distance.index < train_len)]
         cells = [encoding, variant, f"{train_len:,}", str(rows.seed.nunique())]
         cells += [f"{vocab:,.0f} words" if pd.notna(vocab) else "every word", accuracy(by_distance, 0)]
-        cells += [f"{inside.min():.2f}–{inside.max():.2f}" if len(inside) else ""]
+        cells += ["–".join(dict.fromkeys(f"{a:.2f}" for a in (inside.min(), inside.max()))) if len(inside) else ""]
         cells += [accuracy(by_distance, m * train_len) for m in COPY_MULTIPLES]
         reach = same_model(probes, key).sort_values("seed")[f"copy_reach{'_vocab' if pd.notna(vocab) else ''}"]
         cells.append("; ".join("no_copying" if pd.isna(r) else f"{r:,.0f}" for r in reach))

@@ -122,7 +122,7 @@ def test_copy_prints_accuracy_by_distance_of_the_restricted_spans_and_each_seeds
     copies = [copy_row("alibi", s, d, a, 128) for s, accs in [(0, [0.8, 0.9, 0.7, 0.5]), (1, [0.6, 0.7, 0.5, 0.1])]
               for d, a in zip([0, 64, 192, 512], accs)]  # fmt: skip
     copies += [copy_row("alibi", 0, d, 0.0) for d in (0, 512)]  # every word's spans: not the table's
-    copies += [copy_row("rope", 0, d, 0.01) for d in (0, 1024)]
+    copies += [copy_row("rope", 0, d, 0.01) for d in (0, 16, 64, 1024)]  # one accuracy inside: no range
     copies.append(copy_row("rope", 0, 2048, None) | {"status": "unsupported"})  # not measured: an empty cell
     pd.DataFrame(copies).to_csv(tmp_path / "copy_probe.csv", index=False)
     probes = [dict(encoding="alibi", variant=None, train_len=256, train_lengths="256", seed=s, copy_reach=None,
@@ -133,4 +133,4 @@ def test_copy_prints_accuracy_by_distance_of_the_restricted_spans_and_each_seeds
     assert heading[4:9] == ["spans of", "accuracy at d = 0", "0 < d < train_len", "d = 2×", "d = 4×"]
     assert alibi == ["alibi", "", "256", "2", "128 words", "0.70 ± 0.14", "0.60–0.80", "0.30 ± 0.28",
                      "", "", "", "", "1,024; 192"]  # fmt: skip
-    assert rope == ["rope", "", "256", "1", "every word", "0.01", "", "", "0.01", "", "", "", "no_copying"]
+    assert rope == ["rope", "", "256", "1", "every word", "0.01", "0.01", "", "0.01", "", "", "", "no_copying"]
