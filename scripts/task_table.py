@@ -96,7 +96,10 @@ def main() -> None:
     shown.add_argument("--near", type=int, default=0, help="the near distance shown beside the longest (0)")
     shown.add_argument("--reach", type=float, help="print each seed's reach at this accuracy instead")
     args = parser.parse_args()
-    summary = pd.read_csv(args.report / "task_summary.csv")
+    try:
+        summary = pd.read_csv(args.report / "task_summary.csv")
+    except OSError as error:  # not a report folder, or a report of no task runs
+        parser.error(f"{args.report}: {error}")
     if args.task not in set(summary["task"]):
         parser.error(f"no {args.task} rows in {args.report}")
     if args.reach is not None:

@@ -95,3 +95,9 @@ def test_reach_is_per_seed_the_longest_multiple_up_to_which_every_distance_is_fo
     command[command.index("--task") + 1] = "mqar"  # no such rows: one line, not an empty table
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 2 and f"no mqar rows in {tmp_path}" in done.stderr
+
+
+def test_a_folder_that_is_no_task_report_is_one_error_line(tmp_path):
+    done = subprocess.run([sys.executable, SCRIPT, tmp_path, "--task", "copy"], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("task_table.py: error:") and "task_summary.csv" in done.stderr
