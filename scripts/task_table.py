@@ -5,12 +5,15 @@ start of the sequence (the longest distance), as ``near / longest``.
     python scripts/task_table.py docs/results/runs/tasks0/report --task passkey
     python scripts/task_table.py docs/results/runs/tasks0/report --task copy --near 16
     python scripts/task_table.py REPORT_OF_SEVERAL_SEEDS --task passkey --reach 0.9
+    python scripts/task_table.py REPORT_OF_SEVERAL_SEEDS --task copy --reach 0.9 --inside
 
 Reads the report's task_summary.csv and task_results.csv (what ``posbench report`` writes): means over the seeds
 that learned the task; a model no seed learned gets ``not learned`` and the best validation accuracy.
 With ``--reach A`` it prints instead, for each seed, the longest multiple of train_len up to which the answer is
 found at every distance with accuracy at least A, at that length and every shorter one (``< 1×``: not even at
-train_len; ``not learned``: the seed did not learn the task; empty: no such seed).
+train_len; ``not learned``: the seed did not learn the task; empty: no such seed). ``--inside`` counts only
+the distances inside the filler, leaving out d = 0 and the longest (the source at the very start): what is
+left where a model finds the source by the filler around it.
 """
 
 from __future__ import annotations
@@ -67,23 +70,27 @@ def table(report: Path, task: str, near: int = 0) -> str:
     return markdown_table(header, rows)
 
 
-def seed_reach(run: pd.DataFrame, threshold: float) -> str:
+def seed_reach(run: pd.DataFrame, threshold: float, inside: bool = False) -> str:
     """One run's reach: the longest eval_len, as a multiple of train_len, of an unbroken run of lengths from the
-    shortest at which every distance was served and found with accuracy >= threshold."""
+    shortest at which every distance (``inside``: but d = 0 and each length's longest) was served and found
+    with accuracy >= threshold."""
     if (run["status"] == "not_learned").any():
         return "not learned"
+    if inside:
+        longest = run.groupby("eval_len")["distance"].transform("max")
+        run = run[(run["distance"] > 0) & (run["distance"] < longest)]
     found = ((run["status"] == "ok") & (run["accuracy"] >= threshold)).groupby(run["eval_len"]).all()
     held = found.cummin()  # an unbroken run from the shortest length: a later pass does not resume reach
     return f"{held[held].index.max() // int(run['train_len'].iloc[0])}×" if held.any() else "< 1×"
 
 
-def reach_table(report: Path, task: str, threshold: float) -> str:
+def reach_table(report: Path, task: str, threshold: float, inside: bool = False) -> str:
     results = read(report, "task_results.csv")
     results = results[results["task"] == task]
     seeds = sorted(results["seed"].unique())
     rows = []
     for model, group in results.groupby(MODEL, sort=True):
-        by_seed = {seed: seed_reach(run, threshold) for seed, run in group.groupby("seed")}
+        by_seed = {seed: seed_reach(run, threshold, inside) for seed, run in group.groupby("seed")}
         rows.append([model_name(model), *(by_seed.get(s, "") for s in seeds)])
     return markdown_table(["encoding", *(f"seed {s}" for s in seeds)], rows)
 
@@ -95,7 +102,10 @@ def main() -> None:
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--near", type=int, default=0, help="the near distance shown beside the longest (0)")
     shown.add_argument("--reach", type=float, help="print each seed's reach at this accuracy instead")
+    parser.add_argument("--inside", action="store_true", help="--reach over 0 < d < the longest distance only")
     args = parser.parse_args()
+    if args.inside and args.reach is None:
+        parser.error("--inside applies to --reach")
     try:
         summary = pd.read_csv(args.report / "task_summary.csv")
     except OSError as error:  # not a report folder, or a report of no task runs
@@ -105,7 +115,7 @@ def main() -> None:
     if args.reach is not None:
         if not 0 < args.reach <= 1:
             parser.error("--reach must be in (0, 1]")
-        print(reach_table(args.report, args.task, args.reach))
+        print(reach_table(args.report, args.task, args.reach, args.inside))
         return
     if args.near not in set(summary.loc[summary["task"] == args.task, "distance"]):
         parser.error(f"no {args.task} row at distance {args.near}")

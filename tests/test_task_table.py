@@ -101,3 +101,18 @@ def test_a_folder_that_is_no_task_report_is_one_error_line(tmp_path):
     done = subprocess.run([sys.executable, SCRIPT, tmp_path, "--task", "copy"], capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith("task_table.py: error:") and "task_summary.csv" in done.stderr
+
+
+def test_inside_leaves_out_d0_and_each_lengths_longest_distance(tmp_path):
+    # distances 0, 1, 2 at 64 and 0, 1, 2, 3 at 128: the source right before its repeat and at the start fail
+    rows = (measured("fox", 0, {64: [0.0, 1.0, 0.0], 128: [0.0, 1.0, 0.95, 0.0], 256: [0.0, 0.5, 1.0, 0.0]})
+            + measured("rope", 0, {64: [1.0, 1.0, 1.0], 128: [0.0, 0.0, 0.0, 0.0]}))  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "task_results.csv", index=False)
+    pd.DataFrame([point("fox", 64, 0, 1.0)]).to_csv(tmp_path / "task_summary.csv", index=False)
+    command = [sys.executable, SCRIPT, tmp_path, "--task", "passkey", "--reach", "0.9"]
+    every, inside = (subprocess.run(c, capture_output=True, text=True, check=True).stdout for c in
+                     (command, [*command, "--inside"]))  # fmt: skip
+    assert every.strip().splitlines()[2:] == ["| fox | < 1× |", "| rope | 1× |"]
+    assert inside.strip().splitlines()[2:] == ["| fox | 2× |", "| rope | 1× |"]  # 4x: d = 1 at 0.5
+    done = subprocess.run([*command[:-2], "--inside"], capture_output=True, text=True)
+    assert done.returncode == 2 and "--inside applies to --reach" in done.stderr
