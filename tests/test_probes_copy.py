@@ -122,9 +122,12 @@ def test_a_copying_model_gains_at_every_distance():
     assert copy_reach(df).distance == 256 and copy_reach(df).status == "ok"
 
 
-def test_random_weights_gain_about_nothing_and_nll_matches_token_nll(tiny_model):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_random_weights_gain_about_nothing_and_nll_matches_token_nll(tiny_model, precision):
+    """In the run's precision: a bf16 run's probe computes under bf16 autocast, as its evaluation does."""
     vocab = 50
     model, tokens = tiny_model("rope", vocab), stream(500, vocab)
+    model.precision = precision
     cfg = CopyProbeConfig(span=8, distances=[0, 16, 40], trials=6, seed=0)
     df = copy_probe(model, tokens, vocab, 16, cfg, batch_tokens=256)
     assert (df["gain"].abs() < 0.03).all()

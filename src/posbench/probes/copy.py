@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ..copyseq import copy_sequences, draw_spans
 from ..errors import raise_problems
+from ..runtime import autocast
 from . import device_of, within_data
 
 COLUMNS = [
@@ -90,8 +91,14 @@ def default_distances(train_len: int) -> list[int]:
 
 
 def default_logits_fn(model: nn.Module) -> LogitsFn:
-    """Logits of the last ``last`` positions, the LM head applied to those positions only."""
-    return lambda idx, last: model.head(model(idx)[:, -last:])
+    """Logits of the last ``last`` positions, the LM head applied to those positions only, in the model's
+    precision (bf16 autocast for a bf16 run, as ``token_nll`` and the evaluation compute)."""
+
+    def logits(idx: Tensor, last: int) -> Tensor:
+        with autocast(idx.device, model.precision):
+            return model.head(model(idx)[:, -last:])
+
+    return logits
 
 
 @torch.no_grad()
