@@ -20,14 +20,14 @@ import pandas as pd
 
 from posbench.markdown import markdown_table
 from posbench.report.probes import as_trained
-from posbench.runfolder import ATTENTION_CSV, find
+from posbench.runfolder import ATTENTION_CSV, require
 
 STATS = {"entropy": 3, "mean_distance": 1, "mass_beyond_train_len": 3}  # digits of a cell
 
 
 def run_means(run: Path, stat: str) -> tuple[tuple[str, str, int, int], pd.Series]:
     """The run's (encoding, variant, train_len, seed) and its mean ``stat`` per eval_len (probed lengths only)."""
-    table = as_trained(pd.read_csv(find(run, ATTENTION_CSV)))  # .csv or the archive's .csv.gz
+    table = as_trained(pd.read_csv(require(run, ATTENTION_CSV)))  # .csv or the archive's .csv.gz
     table = table[table.status == "ok"]
     first = table.iloc[0]
     identity = (first.encoding, first.variant, int(first.train_len), int(first.seed))

@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 
 from posbench.copyseq import copy_symbols
 from posbench.data import DataConfig, load_corpus
+from posbench.errors import PosbenchError
 from posbench.model import LanguageModel, ModelConfig
 from posbench.probes.copy import default_logits_fn, score_copies, summarize
 from posbench.saved_run import load_run
@@ -109,7 +110,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed), torch.set_num_threads(1)
     if args.checkpoint:
-        return measure_saved(args.checkpoint, args.span, args.seed)
+        try:
+            return measure_saved(args.checkpoint, args.span, args.seed)
+        except PosbenchError as error:  # no such run, or not one posbench can load
+            parser.error(str(error))
     conf = files("posbench") / "conf"
     corpus = load_corpus(DataConfig(**OmegaConf.to_container(OmegaConf.load(conf / "data" / "wikitext2_mini.yaml"))))
     text, symbols = corpus.splits["train"], copy_symbols(corpus.splits["train"], corpus.vocab_size, 128)

@@ -21,7 +21,7 @@ import pandas as pd
 
 from posbench.markdown import markdown_table
 from posbench.report.tables import signed
-from posbench.runfolder import PER_POSITION, find
+from posbench.runfolder import PER_POSITION, require
 
 
 def weighted_nll(rows: pd.DataFrame) -> float:
@@ -30,7 +30,7 @@ def weighted_nll(rows: pd.DataFrame) -> float:
 
 def scored_rows(run: Path) -> pd.DataFrame:
     """The run's per-position NLL on the test split, non-overlapping, its variant labels as text ('' as trained)."""
-    table = pd.read_csv(find(run, PER_POSITION), dtype={"variant": str})  # .csv or the archive's .csv.gz
+    table = pd.read_csv(require(run, PER_POSITION), dtype={"variant": str})  # .csv or the archive's .csv.gz
     table["variant"] = table.variant.fillna("")
     return table[(table.split == "test") & (table.eval_mode == "nonoverlapping")]
 

@@ -37,7 +37,10 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=256)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    payload = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    except Exception as error:  # no such file, or not a checkpoint (torch.load raises many kinds)
+        parser.error(f"{args.checkpoint}: {str(error).splitlines()[0]}")
     cfg = OmegaConf.create(payload["config"])
     task = build_task(cfg.task)
     if task.cfg.name != "mqar":

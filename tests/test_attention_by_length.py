@@ -53,6 +53,7 @@ def test_another_statistic_is_chosen_by_stat(tmp_path):
 def test_a_folder_without_attention_stats_is_one_error_line(tmp_path):
     done = run_script(tmp_path)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("attention_by_length.py: error:")
+    assert f"{tmp_path}: no attention_stats.csv" in done.stderr  # names what is missing, and where
 
 
 def test_a_closed_pipe_ends_it_quietly(tmp_path, into_closed_pipe):

@@ -49,6 +49,7 @@ def test_a_folder_without_per_position_csv_is_one_error_line(tmp_path):
     args = [sys.executable, str(SCRIPT), str(tmp_path), "--eval-len", "8"]
     done = subprocess.run(args, capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("loss_by_position.py: error:")
+    assert f"{tmp_path}: no per_position.csv" in done.stderr  # names what is missing, and where
 
 
 def test_a_variant_is_read_against_the_run_as_trained(tmp_path):

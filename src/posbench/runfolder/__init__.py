@@ -45,6 +45,7 @@ from .layout import (
     legacy_run_id,
     model_state,
     new_run_id,
+    require,
 )
 from .lock import busy, check_free, lock_run_dir, remove_orphaned_temp_files
 from .records import clear_error, errors_recorded, record_error, run_configs, save_run_config, unfinished_reason
@@ -68,7 +69,7 @@ __all__ = [
     "HYDRA_DIR", "RUN_CONFIGS", "REPORT_DIR", "BUILDING_PREFIX", "REPORT_MARK",
     "STATE_COLUMNS", "RUN_KEYS", "RESULT_KEYS", "SAMPLE_KEYS", "MEASUREMENT_KEYS", "RESULT_FILES",
     "RESULT_COLUMNS", "MEASUREMENT_COLUMNS", "PER_POSITION_COLUMNS", "PER_ARTICLE_COLUMNS", "PROBE_IDENTITY",
-    "ModelState", "new_run_id", "legacy_run_id", "model_state", "find",
+    "ModelState", "new_run_id", "legacy_run_id", "model_state", "find", "require",
     # rows
     "read_csv", "read_mergeable", "check_mergeable", "merge_rows", "identity_of", "merge_records", "finalize",
     "measured_rows", "earlier_measurement",

@@ -107,3 +107,11 @@ def find(folder: Path, name: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def require(folder: Path, name: str) -> Path:
+    """``find``, or FileNotFoundError naming the folder and the file it lacks."""
+    path = find(folder, name)
+    if path is None:
+        raise FileNotFoundError(f"{folder}: no {name} (nor {name}.gz)")
+    return path
