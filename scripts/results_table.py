@@ -28,6 +28,7 @@ import pandas as pd
 
 from posbench.evaluate import variant_parts
 from posbench.markdown import markdown_table
+from posbench.report.probes import largest_vocab
 from posbench.report.tables import change, mean_std, signed
 from posbench.runfolder import COPY_CSV
 
@@ -169,8 +170,7 @@ def copy_table(report: Path, encodings: list[str] | None) -> str:
         encoding, variant, train_len, _ = key
         if encodings and encoding not in encodings:
             continue
-        vocab = rows.vocab.max() if "vocab" in rows else float("nan")
-        rows = rows[rows.vocab == vocab] if pd.notna(vocab) else rows[rows.reindex(columns=["vocab"])["vocab"].isna()]
+        vocab, rows = largest_vocab(rows)  # the spans the report's copy_reach reads
         by_distance = rows.groupby("distance").accuracy.agg(["mean", "std"])
         inside = by_distance["mean"][(by_distance.index > 0) & (by_distance.index < train_len)]
         cells = [encoding, variant, f"{train_len:,}", str(rows.seed.nunique())]

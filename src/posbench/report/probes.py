@@ -79,9 +79,18 @@ def copy_numbers(table: pd.DataFrame) -> dict:
     ``probe.vocab`` the run has rows of (``copy_vocab``)."""
     words = table.reindex(columns=["vocab"])["vocab"]
     numbers = reach_numbers(table[words.isna()], "")
-    if words.notna().any():
-        numbers.update(reach_numbers(table[words == words.max()], "_vocab"), copy_vocab=int(words.max()))
+    vocab, few = largest_vocab(table)
+    if not math.isnan(vocab):
+        numbers.update(reach_numbers(few, "_vocab"), copy_vocab=int(vocab))
     return numbers
+
+
+def largest_vocab(table: pd.DataFrame) -> tuple[float, pd.DataFrame]:
+    """The largest ``probe.vocab`` of a model's copy rows and those rows: the numbers reported with a ``_vocab``
+    suffix; (NaN, the rows of spans from every word) where no row has a ``probe.vocab``."""
+    words = table.reindex(columns=["vocab"])["vocab"]
+    vocab = words.max()  # NaN where every row is of every word
+    return (float("nan"), table[words.isna()]) if pd.isna(vocab) else (float(vocab), table[words == vocab])
 
 
 def reach_numbers(table: pd.DataFrame, suffix: str) -> dict:
