@@ -55,8 +55,7 @@ def model_name(model: tuple) -> str:
     return model[0] + (f" ({model[1]})" if model[1] else "")
 
 
-def table(report: Path, task: str, near: int = 0) -> str:
-    summary, results = read(report, "task_summary.csv"), read(report, "task_results.csv")
+def table(summary: pd.DataFrame, results: pd.DataFrame, task: str, near: int = 0) -> str:
     summary = summary[summary["task"] == task]
     lengths = sorted(summary["eval_len"].unique())
     rows = []
@@ -84,8 +83,7 @@ def seed_reach(run: pd.DataFrame, threshold: float, inside: bool = False) -> str
     return f"{held[held].index.max() // int(run['train_len'].iloc[0])}×" if held.any() else "< 1×"
 
 
-def reach_table(report: Path, task: str, threshold: float, inside: bool = False) -> str:
-    results = read(report, "task_results.csv")
+def reach_table(results: pd.DataFrame, task: str, threshold: float, inside: bool = False) -> str:
     results = results[results["task"] == task]
     seeds = sorted(results["seed"].unique())
     rows = []
@@ -107,7 +105,7 @@ def main() -> None:
     if args.inside and args.reach is None:
         parser.error("--inside applies to --reach")
     try:
-        summary = pd.read_csv(args.report / "task_summary.csv")
+        summary, results = read(args.report, "task_summary.csv"), read(args.report, "task_results.csv")
     except OSError as error:  # not a report folder, or a report of no task runs
         parser.error(f"{args.report}: {error}")
     if args.task not in set(summary["task"]):
@@ -115,11 +113,11 @@ def main() -> None:
     if args.reach is not None:
         if not 0 < args.reach <= 1:
             parser.error("--reach must be in (0, 1]")
-        print(reach_table(args.report, args.task, args.reach, args.inside))
+        print(reach_table(results, args.task, args.reach, args.inside))
         return
     if args.near not in set(summary.loc[summary["task"] == args.task, "distance"]):
         parser.error(f"no {args.task} row at distance {args.near}")
-    print(table(args.report, args.task, args.near))
+    print(table(summary, results, args.task, args.near))
 
 
 if __name__ == "__main__":
