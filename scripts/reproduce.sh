@@ -13,7 +13,7 @@
 #                       none: it has no positions to randomize, so that run would be the plain one again)
 #   lengths             alibi, rope, none, sinusoidal at train_len 64, 128 and 512 (seed 0; 256 is seed0's),
 #                       evaluated out to 32x, capped at 16,384, with tokens per step kept at 4 x 256
-#   learned_table       learned positions at seed 0 as in seed0 but with a table of 16 x train_len
+#   learned_table       learned positions at seeds 0, 1 and 2 as in seed0 but with a table of 16 x train_len
 #                       (encoding.max_positions=4096; the rows past train_len are never trained), so that
 #                       generation can go past train_len as the source document's learned model did
 #   tasks0 tasks1 tasks2  the task track (docs/tasks.md) at that seed: every encoding on passkey, mqar and
@@ -142,8 +142,8 @@ stage_runs() {  # the runs of stage $1, started with train()
                 done
             done ;;
         learned_table)
-            train "encoding=learned,max_positions=4096,seed=0" experiment=study encoding=learned \
-                encoding.max_positions=4096 seed=0 "train.val_lens=$VAL_LENS" ;;
+            for seed in 0 1 2; do train "encoding=learned,max_positions=4096,seed=${seed}" experiment=study \
+                encoding=learned encoding.max_positions=4096 "seed=$seed" "train.val_lens=$VAL_LENS"; done ;;
         tasks0 | tasks1 | tasks2)
             seed=${1#tasks}
             for task in passkey mqar copy; do

@@ -403,10 +403,14 @@ def test_reproduce_generate_samples_from_every_finished_seed_and_learned_table_r
     assert reproduce(clone, tmp_path, "generate") == []  # done: marked in the run's evals_done/
 
 
-def test_reproduce_learned_table_trains_learned_with_a_table_of_16x_train_len(clone, tmp_path):
-    [command] = reproduce(clone, tmp_path, "learned_table")
-    assert command[0] == "train" and "encoding.max_positions=4096" in command and "experiment=study" in command
-    assert "train.val_lens=[256,1024,4096]" in command and values_of("encoding", [command]) == ["learned"]
+def test_reproduce_learned_table_trains_learned_with_a_table_of_16x_train_len_at_three_seeds(clone, tmp_path):
+    commands = reproduce(clone, tmp_path, "learned_table")
+    assert sorted(values_of("seed", commands)) == ["0", "1", "2"]
+    folders = {f.strip("'").rsplit("/", 1)[1] for f in values_of("hydra.run.dir", commands)}
+    assert folders == {f"encoding=learned,max_positions=4096,seed={s}" for s in (0, 1, 2)}
+    for command in commands:
+        assert command[0] == "train" and "encoding.max_positions=4096" in command and "experiment=study" in command
+        assert "train.val_lens=[256,1024,4096]" in command and values_of("encoding", [command]) == ["learned"]
 
 
 def test_reproduce_evals_resume_at_the_evaluation_a_killed_stage_was_in(clone, tmp_path):
