@@ -10,20 +10,24 @@ import pytest
 
 from posbench.evaluate import RESULT_COLUMNS
 from posbench.report import report
-from posbench.runfolder import GENERATION, RESUME_CHECKPOINT, ModelState, merge_rows
+from posbench.runfolder import GENERATION, RESULTS, RESUME_CHECKPOINT, ModelState, merge_rows, save_run_config
 
 TRAIN_LEN = 4
 WINDOW = 4
 
 
-def write_run(folder, encoding: str, repetition, onsets: list[int | None]) -> None:
+def write_run(folder, encoding: str, repetition, onsets: list[int | None], config: dict | None = None) -> None:
     """A finished run (one result row) whose samples, one per onset, have windows of 4 positions from 2 to 64
-    (16 x train_len); window w (position 2 + 4w) of prompt p has repetition ``repetition(p, w)``."""
+    (16 x train_len); window w (position 2 + 4w) of prompt p has repetition ``repetition(p, w)``. ``config``:
+    the run's saved config (none saved: None)."""
     folder.mkdir(parents=True)
+    model = ModelState(f"{folder.name}-run", 100, True)
     row = dict(encoding=encoding, variant="", train_len=TRAIN_LEN, train_lengths=str(TRAIN_LEN), eval_len=TRAIN_LEN)
     row.update(split="test", eval_mode="nonoverlapping", stride=TRAIN_LEN, tokens=64, unigram_ppl=25.0, seed=0)
     row.update(params=1, encoding_params=0, run_dir=str(folder), status="ok", reason="", nll=math.log(10), ppl=10.0)
-    pd.DataFrame([row], columns=RESULT_COLUMNS).to_csv(folder / "results.csv", index=False)
+    merge_rows(folder, RESULTS, pd.DataFrame([row], columns=RESULT_COLUMNS), model)
+    if config is not None:
+        save_run_config(folder, model.run_id, config)
     sampling = dict(encoding=encoding, train_len=TRAIN_LEN, variant="", precision="fp32", seed=0, temperature=1.0)
     sampling.update(top_k=0, top_p=1.0, source="test")
     rows = [
@@ -33,7 +37,7 @@ def write_run(folder, encoding: str, repetition, onsets: list[int | None]) -> No
         for p, onset in enumerate(onsets)
         for w in range(16)
     ]
-    merge_rows(folder, GENERATION, pd.DataFrame(rows), ModelState(f"{encoding}-run", 100, True))
+    merge_rows(folder, GENERATION, pd.DataFrame(rows), model)
 
 
 @pytest.fixture
@@ -69,3 +73,18 @@ def test_an_unfinished_run_s_samples_stay_out_and_are_named(runs):
     summary = pd.read_csv(out / "generation_summary.csv")
     assert set(summary["encoding"]) == {"learned"}
     assert "`" + str(runs / "alibi") + "`: unfinished" in (out / "summary.md").read_text()
+
+
+def test_samples_of_models_trained_apart_are_lines_of_their_own(tmp_path):
+    """Two ALiBi models that differ in a result-changing key: their samples are not pooled as seeds."""
+    config = dict(encoding=dict(name="alibi"), seed=0, train=dict(copy_fraction=0.0))
+    write_run(tmp_path / "plain", "alibi", lambda p, w: 0.0, [None, None], config)
+    write_run(tmp_path / "copies", "alibi", lambda p, w: 1.0, [4], config | dict(train=dict(copy_fraction=0.25)))
+    out = report(tmp_path)
+    summary = pd.read_csv(out / "generation_summary.csv", keep_default_na=False).set_index(["config", "at"])
+    assert summary.loc[("train.copy_fraction=0.0", 0.5), ["samples", "repetition_mean"]].tolist() == [2, 0.0]
+    assert summary.loc[("train.copy_fraction=0.25", 0.5), ["samples", "repetition_mean"]].tolist() == [1, 1.0]
+    assert (
+        "| alibi |  | 4 | train.copy_fraction=0.25 | 1.0 | 0 | 1.0 | 1 of 1 | 1.00× | 1.00× |"
+        in (out / "summary.md").read_text()
+    )

@@ -36,7 +36,7 @@ from ..runfolder import (
 from .collect import KEEP_ALL, Runs, Selection, collect_results, collect_runs
 from .compare import compare_markdown, compare_runs
 from .figures import draw_figures, encoding_colours
-from .generation import collect_generation, draw_generation_figure, generation_markdown, generation_summary
+from .generation import collect_generation, draw_generation_figure, generation_markdown, generation_summary, with_models
 from .probe_figures import draw_probe_figures
 from .probes import probe_markdown, probe_numbers
 from .selection import variants_in
@@ -70,7 +70,7 @@ def report(root: Path, compare: str | None = None, selection: Selection = KEEP_A
     generated, generation_left_out = collect_generation(root)
     beside = frozenset(variants_in(tasks) | variants_in(generated))  # a selection may name their variants too
     runs = collect_runs(root, selection, required=tasks.empty, found=beside)
-    tasks, generated = selection.rows(tasks), selection.rows(generated)
+    tasks, generated = selection.rows(tasks), with_models(selection.rows(generated), runs.reported)
     left_out = {**tasks_left_out, **generation_left_out, **runs.left_out}
     with replacing(out) as building:
         sections = generation_files(generated, building) + task_files(tasks, building)

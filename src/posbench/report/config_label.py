@@ -1,13 +1,18 @@
 """The config label of a run: the config keys that set it apart from the other runs of its line (runs
 with the same encoding, training variant, train_len, precision and training lengths). Keys that change no
-number (``CONFIG_IGNORED``) are not counted, so only seeds are averaged."""
+number (``CONFIG_IGNORED``) are not counted, so only seeds are averaged. Configs are read on today's schema, as
+resume reads them: a key added since a run was trained reads as its default, which is what that run did."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 import pandas as pd
+from omegaconf import OmegaConf
 
+from ..config import config_on_schema
+from ..errors import PosbenchError
 from ..evaluate import variant_parts
 from ..resume import flatten
 from ..runfolder import RESULTS, run_configs
@@ -16,7 +21,7 @@ from .runs import Run
 #: Config keys that change no number of a run, or that a line already names (its seeds are averaged).
 CONFIG_IGNORED = (
     *("seed", "debug", "device", "threads", "logger", "precision", "probes", "probe", "eval", "train.resume"),
-    *("train.checkpoint_every", "encoding.name", "train_len", "train.lengths", "train.length_order"),
+    *("train.checkpoint_every", "train.val_lens", "encoding.name", "train_len", "train.lengths", "train.length_order"),
     "encoding.randomized_positions",
 )
 
@@ -45,7 +50,10 @@ def told_apart(runs: list[Run]) -> list[Run]:
 
 
 def result_changing(config: dict) -> dict:
-    """A run's config flattened, without the keys of CONFIG_IGNORED."""
+    """A run's config on today's schema (as saved where it does not fit), flattened, without the keys of
+    CONFIG_IGNORED."""
+    with contextlib.suppress(PosbenchError):
+        config = OmegaConf.to_container(config_on_schema(config), resolve=True)
     flat = flatten(config)
     return {k: v for k, v in flat.items() if not any(k == i or k.startswith(f"{i}.") for i in CONFIG_IGNORED)}
 
