@@ -16,13 +16,16 @@ TRAIN_LEN = 4
 WINDOW = 4
 
 
-def write_run(folder, encoding: str, repetition, onsets: list[int | None], config: dict | None = None) -> None:
+def write_run(
+    folder, encoding: str, repetition, onsets: list[int | None], config: dict | None = None, lengths: str = ""
+) -> None:
     """A finished run (one result row) whose samples, one per onset, have windows of 4 positions from 2 to 64
     (16 x train_len); window w (position 2 + 4w) of prompt p has repetition ``repetition(p, w)``. ``config``:
-    the run's saved config (none saved: None)."""
+    the run's saved config (none saved: None); ``lengths``: its train_lengths (train_len alone: "")."""
     folder.mkdir(parents=True)
     model = ModelState(f"{folder.name}-run", 100, True)
-    row = dict(encoding=encoding, variant="", train_len=TRAIN_LEN, train_lengths=str(TRAIN_LEN), eval_len=TRAIN_LEN)
+    row = dict(encoding=encoding, variant="", train_len=TRAIN_LEN, train_lengths=lengths or str(TRAIN_LEN))
+    row.update(eval_len=TRAIN_LEN)
     row.update(split="test", eval_mode="nonoverlapping", stride=TRAIN_LEN, tokens=64, unigram_ppl=25.0, seed=0)
     row.update(params=1, encoding_params=0, run_dir=str(folder), status="ok", reason="", nll=math.log(10), ppl=10.0)
     merge_rows(folder, RESULTS, pd.DataFrame([row], columns=RESULT_COLUMNS), model)
@@ -88,3 +91,14 @@ def test_samples_of_models_trained_apart_are_lines_of_their_own(tmp_path):
         "| alibi |  | 4 | train.copy_fraction=0.25 | 1.0 | 0 | 1.0 | 1 of 1 | 1.00× | 1.00× |"
         in (out / "summary.md").read_text()
     )
+
+
+def test_a_model_trained_at_several_lengths_is_a_line_of_its_own_named_by_them(runs):
+    write_run(runs / "alibi_mixed", "alibi", lambda p, w: 0.5, [None], lengths="2|4")
+    out = report(runs)
+    summary = pd.read_csv(out / "generation_summary.csv", dtype={"train_lengths": str}).set_index(
+        ["train_lengths", "at"]
+    )
+    assert summary.loc[("2|4", 0.5), ["samples", "repetition_mean"]].tolist() == [1, 0.5]
+    assert sorted(summary.loc[("4", 0.5), "samples"]) == [2, 3]  # learned's two samples, alibi's three
+    assert r"| alibi |  | 4 | 2\|4 | 1.0 | 0 | 1.0 | 0 of 1 |  |  |" in (out / "summary.md").read_text()

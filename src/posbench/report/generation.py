@@ -20,7 +20,7 @@ from ..markdown import markdown_table
 from ..runfolder import GENERATION
 from .collect import Run, collect_finished_rows, lengths_text
 from .figures import line_styles, plain_ticks, save_figure
-from .tables import label
+from .tables import at_train_len_alone, label
 
 #: What one line of the generation table and figure is: a model as trained (told apart as the text tables tell
 #: models apart: training lengths, config label) and evaluated, and how it sampled.
@@ -52,7 +52,7 @@ def with_models(rows: pd.DataFrame, runs: list[Run]) -> pd.DataFrame:
 def shown_line(rows: pd.DataFrame) -> list[str]:
     """The GENERATION_LINE columns summary.md shows: training lengths and config only where some line sets them."""
     hidden = {"config"} if not rows["config"].astype(bool).any() else set()
-    if (rows["train_lengths"] == rows["train_len"].astype(str)).all():
+    if at_train_len_alone(rows).all():
         hidden.add("train_lengths")
     return [c for c in GENERATION_LINE if c not in hidden]
 
