@@ -41,6 +41,8 @@ def test_a_config_that_no_longer_fits_the_schema_is_compared_as_saved():
     retired = full_config()
     retired["train"]["retired_option"] = 3
     assert result_changing(retired)["train.retired_option"] == 3
+    edited = full_config(lr="${nowhere}")  # an interpolation that resolves to nothing
+    assert result_changing(edited)["train.lr"] == "${nowhere}"
 
 
 def write_run(folder, run_id: str, config: dict, ppl: float) -> None:
