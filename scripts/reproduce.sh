@@ -79,7 +79,10 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
 COMMON=("device=${DEVICE}")
 [[ -z "${DATA:-}" ]] || COMMON+=("data.path=$(realpath "$DATA")")
-[[ "$DEVICE" == cuda* ]] || (( JOBS == 1 )) || COMMON+=(threads=1)
+# one thread a process when several share the CPU; left out of COMMON, which names what an eval mark
+# records, as it changes no number
+THREADS=()
+[[ "$DEVICE" == cuda* ]] || (( JOBS == 1 )) || THREADS=(threads=1)
 ENCODINGS=$(for file in conf/encoding/*.yaml; do basename "$file" .yaml; done)
 CORE="alibi rope sinusoidal learned none"
 REMEDY_ENCODINGS="rope sinusoidal learned none"
@@ -106,8 +109,8 @@ start_run() {
     local args
     read -r -a args <<< "$1"
     # quoted: a folder named by its overrides holds '=' and ',', which Hydra would parse
-    spawn "$PYTHON" -m posbench train "${args[@]:1}" "${COMMON[@]}" "hydra.run.dir='$OUT/$GROUP/${args[0]}'" \
-        "${TRAIN_ARGS[@]}"
+    spawn "$PYTHON" -m posbench train "${args[@]:1}" "${COMMON[@]}" "${THREADS[@]}" \
+        "hydra.run.dir='$OUT/$GROUP/${args[0]}'" "${TRAIN_ARGS[@]}"
 }
 
 # train_len L trained with 4 x 256 tokens per step, evaluated at L x 1..32 up to 16,384
@@ -228,7 +231,7 @@ eval_once() {
     args=("$@" "checkpoint='$run'" "${COMMON[@]}" "${EVAL_ARGS[@]}")
     mark="$run/evals_done/$(printf '%s\n' "${args[@]}" | sha1sum | cut -c1-16)"
     [[ -e "$mark" ]] && return 0
-    "$PYTHON" -m posbench eval "${args[@]}"
+    "$PYTHON" -m posbench eval "${args[@]}" "${THREADS[@]}"
     mkdir -p "$run/evals_done" && printf '%s\n' "${args[@]}" > "$mark"
 }
 
@@ -238,7 +241,7 @@ generate_once() {
     args=("checkpoint='$run'" "generate.prompts=$PROMPTS" "${COMMON[@]}")
     mark="$run/evals_done/generate-$(printf '%s\n' "${args[@]}" | sha1sum | cut -c1-16)"
     [[ -e "$mark" ]] && return 0
-    "$PYTHON" -m posbench generate "${args[@]}"
+    "$PYTHON" -m posbench generate "${args[@]}" "${THREADS[@]}"
     mkdir -p "$run/evals_done" && printf '%s\n' "${args[@]}" > "$mark"
 }
 

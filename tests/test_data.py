@@ -456,3 +456,14 @@ def test_reproduce_archive_copies_finished_runs_without_checkpoints(clone, tmp_p
     assert archived == sorted(f"remedies/encoding=rope,lengths=random/{name}" for name in stored)
     config = tmp_path / "kept/remedies/encoding=rope,lengths=random/.hydra/config.yaml"
     assert config.read_text() == ".hydra/config.yaml"
+
+
+def test_reproduce_skips_samples_an_earlier_call_finished_whatever_its_jobs(clone, tmp_path):
+    """The generate stage's mark records what changes the samples: one thread a process (JOBS=2) does not."""
+    run = tmp_path / "out" / "seed0" / "encoding=alibi,seed=0"
+    run.mkdir(parents=True)
+    (run / "checkpoint.pt").write_text("")
+    [first] = reproduce(clone, tmp_path, "generate", JOBS="2")
+    assert first[0] == "generate" and "threads=1" in first
+    assert reproduce(clone, tmp_path, "generate", JOBS="1") == []
+    assert reproduce(clone, tmp_path, "generate", JOBS="1", PROMPTS="8") != []
