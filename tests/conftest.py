@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.figure
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -175,3 +176,22 @@ def content_layer(monkeypatch):
         return layer, plan
 
     return _layer
+
+
+@pytest.fixture
+def figure_legends(monkeypatch) -> dict[str, list[str]]:
+    """The legend entries of each figure the report saves, by file name (filled as it saves them)."""
+    legends, savefig = {}, matplotlib.figure.Figure.savefig
+
+    def recording_savefig(self, path, *args, **kwargs):
+        texts = [
+            t.get_text()
+            for legend in self.legends + [ax.get_legend() for ax in self.axes]
+            if legend
+            for t in legend.get_texts()
+        ]
+        legends[Path(path).name] = texts
+        return savefig(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", recording_savefig)
+    return legends

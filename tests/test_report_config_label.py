@@ -54,7 +54,7 @@ def write_run(folder, run_id: str, config: dict, ppl: float) -> None:
     save_run_config(folder, run_id, config)
 
 
-def test_seeds_trained_by_older_and_newer_code_are_averaged_and_a_changed_key_still_sets_a_run_apart(tmp_path):
+def test_seeds_of_older_and_newer_code_are_averaged_and_a_changed_key_sets_a_run_apart(tmp_path, figure_legends):
     write_run(tmp_path / "old", "old", trained_before(full_config(0), "copy_loss", "copy_warmup_steps"), 10.0)
     write_run(tmp_path / "new", "new", full_config(1, val_lens=[4, 16]), 12.0)  # losses logged at more lengths
     write_run(tmp_path / "copies", "copies", full_config(2, copy_fraction=0.25), 30.0)
@@ -64,3 +64,5 @@ def test_seeds_trained_by_older_and_newer_code_are_averaged_and_a_changed_key_st
     assert by_config.loc["train.copy_fraction=0.0", "seeds"] == 2
     assert by_config.loc["train.copy_fraction=0.0", "ppl_mean"] == 11.0
     assert by_config.loc["train.copy_fraction=0.25", "ppl_mean"] == 30.0
+    named = [n for n in figure_legends["ppl_vs_length.png"] if n.startswith("alibi")]  # a line per model
+    assert len(named) == 2 and sorted("copy_fraction=0.25" in n for n in named) == [False, True]

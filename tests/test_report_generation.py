@@ -78,7 +78,7 @@ def test_an_unfinished_run_s_samples_stay_out_and_are_named(runs):
     assert "`" + str(runs / "alibi") + "`: unfinished" in (out / "summary.md").read_text()
 
 
-def test_samples_of_models_trained_apart_are_lines_of_their_own(tmp_path):
+def test_samples_of_models_trained_apart_are_lines_of_their_own(tmp_path, figure_legends):
     """Two ALiBi models that differ in a result-changing key: their samples are not pooled as seeds."""
     config = dict(encoding=dict(name="alibi"), seed=0, train=dict(copy_fraction=0.0))
     write_run(tmp_path / "plain", "alibi", lambda p, w: 0.0, [None, None], config)
@@ -91,6 +91,9 @@ def test_samples_of_models_trained_apart_are_lines_of_their_own(tmp_path):
         "| alibi |  | 4 | train.copy_fraction=0.25 | 1.0 | 0 | 1.0 | 1 of 1 | 1.00× | 1.00× |"
         in (out / "summary.md").read_text()
     )
+    named = figure_legends["generation.png"]  # a line per model, each named by what sets it apart
+    assert len(named) == 2 and all("alibi" in n for n in named)
+    assert sorted("copy_fraction=0.25" in n for n in named) == [False, True]
 
 
 def test_a_model_trained_at_several_lengths_is_a_line_of_its_own_named_by_them(runs):
