@@ -1,5 +1,5 @@
 """Shared fixtures: the WikiText-2 slice shipped with posbench, composed configs, the CLI in a subprocess,
-a closed pipe, unwritable folders."""
+a closed pipe, unwritable folders, the legends of saved figures."""
 
 from __future__ import annotations
 
