@@ -79,8 +79,8 @@ read -r -a TRAIN_ARGS <<< "${TRAIN_ARGS:-}"
 read -r -a EVAL_ARGS <<< "${EVAL_ARGS:-}"
 COMMON=("device=${DEVICE}")
 [[ -z "${DATA:-}" ]] || COMMON+=("data.path=$(realpath "$DATA")")
-# one thread a process when several share the CPU; left out of COMMON, which names what an eval mark
-# records, as it changes no number
+# one thread a process when several share the CPU; kept out of COMMON, whose arguments an eval or generate
+# mark records, as it changes no number
 THREADS=()
 [[ "$DEVICE" == cuda* ]] || (( JOBS == 1 )) || THREADS=(threads=1)
 ENCODINGS=$(for file in conf/encoding/*.yaml; do basename "$file" .yaml; done)

@@ -154,7 +154,7 @@ class Config:
 def config_on_schema(saved) -> DictConfig:
     """A saved run's config (a dict or DictConfig) on today's schema: ``Config`` and its encoding's dataclass,
     so a key added since it was saved reads as its default. One line when it does not fit (an unknown
-    encoding, a key this version no longer has, a value of the wrong type)."""
+    encoding, a key this version no longer has, a value of the wrong type, an interpolation to nothing)."""
     try:
         saved = OmegaConf.create(saved)
         name = OmegaConf.select(saved, "encoding.name")
