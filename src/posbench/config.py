@@ -155,16 +155,14 @@ def config_on_schema(saved) -> DictConfig:
     """A saved run's config (a dict or DictConfig) on today's schema: ``Config`` and its encoding's dataclass,
     so a key added since it was saved reads as its default. One line when it does not fit (an unknown
     encoding, a key this version no longer has, a value of the wrong type, an interpolation to nothing)."""
+    saved = OmegaConf.create(saved)
+    name = OmegaConf.select(saved, "encoding.name", throw_on_resolution_failure=False)
+    if name not in ENCODINGS:
+        raise PosbenchError(f"the checkpoint's encoding {name!r} is unknown; known: {', '.join(ENCODINGS)}")
     try:
-        saved = OmegaConf.create(saved)
-        name = OmegaConf.select(saved, "encoding.name")
-        if name not in ENCODINGS:
-            raise PosbenchError(f"the checkpoint's encoding {name!r} is unknown; known: {', '.join(ENCODINGS)}")
         cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
         cfg.encoding = OmegaConf.merge(OmegaConf.structured(ENCODINGS[name][0]), saved.encoding)
         OmegaConf.to_container(cfg, resolve=True)  # a hand-edited config may hold an interpolation to nothing
-    except PosbenchError:
-        raise
     except Exception as e:  # a checkpoint from an incompatible version of posbench
         raise PosbenchError(
             f"the checkpoint's config does not fit this version of posbench: {str(e).splitlines()[0]}"
