@@ -163,8 +163,9 @@ def reach_frame(gains: dict[int, float]) -> pd.DataFrame:
 def test_copy_reach_from_known_gains():
     assert copy_reach(reach_frame({0: 1.0, 16: 0.8, 64: 0.5, 128: 0.4, 256: 0.1})).distance == 64
     assert copy_reach(reach_frame({0: 1.0, 16: 0.3, 64: 0.6})).distance == 64  # the largest, not the first gap
-    low = copy_reach(reach_frame({0: 0.09, 16: 0.08}))
-    assert (low.distance, low.status) == (None, "no_copying")
+    for gains in ({0: 0.09, 16: 0.08}, {0: 0.3, 16: 0.3, 64: 0.3}):  # a flat gain under 1 nat: no copier
+        low = copy_reach(reach_frame(gains))
+        assert (low.distance, low.status) == (None, "no_copying")
     with pytest.raises(ValueError, match="distance 0"):
         copy_reach(reach_frame({16: 1.0}))
 

@@ -18,9 +18,9 @@ from posbench.runfolder import PROBE_IDENTITY as IDENTITY
 L = 4  # train_len; the probes' lengths are 4, 16 and 64 (16 x L)
 #: Per (encoding, seed): context nll at k = 4, 8, 16, 64; copy gain at d = 0, 16, 64; window and full nll at 64.
 RUNS = {
-    ("alibi", 0): ([5.0, 4.9, 4.85, 4.8], [0.5, 0.3, 0.1], (4.9, 4.8)),  # gain_beyond 0.2, effective 64, reach 16
-    ("alibi", 1): ([5.0, 4.95, 4.9, 4.9], [0.4, 0.1, 0.0], (4.9, 4.9)),  # gain_beyond 0.1, effective 16, reach 0
-    ("rope", 0): ([5.1, 5.2, 5.3, 5.5], [0.05, 0.0, 0.0], (5.2, 5.6)),  # no copying; the window helps
+    ("alibi", 0): ([5.0, 4.9, 4.85, 4.8], [5.0, 3.0, 1.0], (4.9, 4.8)),  # gain_beyond 0.2, effective 64, reach 16
+    ("alibi", 1): ([5.0, 4.95, 4.9, 4.9], [4.0, 1.0, 0.0], (4.9, 4.9)),  # gain_beyond 0.1, effective 16, reach 0
+    ("rope", 0): ([5.1, 5.2, 5.3, 5.5], [0.3, 0.3, 0.3], (5.2, 5.6)),  # no copying (a flat 0.3 nats); the window helps
 }
 
 
@@ -82,8 +82,8 @@ def test_derived_numbers_are_averaged_over_seeds(probed):
     std = math.sqrt(2 * 0.05**2)  # sample std of 0.2 and 0.1
     assert f"| alibi |  | 4 | 2 | 0.1500 ± {std:.4f} | 40 ± 34 |" in summary
     assert "| rope |  | 4 | 1 | -0.4000 |" in summary  # the window gap
-    assert "| alibi |  | 4 | 2 | 0.450 ± 0.071 | 8 ± 11 |" in summary
-    assert "| rope |  | 4 | 1 | 0.050 | no_copying |" in summary
+    assert "| alibi |  | 4 | 2 | 4.500 ± 0.707 | 8 ± 11 |" in summary
+    assert "| rope |  | 4 | 1 | 0.300 | no_copying |" in summary and "(gain_0 ≥ 1; `no_copying`" in summary
     for title in ("Context usage", "Window counterfactual", "Long-range copy", "Attention anatomy"):
         assert f"## {title}" in summary
     for name in ("context_usage", "copy_probe", "attention_entropy", "bias_curves"):
@@ -107,7 +107,7 @@ def test_a_run_trained_at_randomized_positions_has_probe_numbers_of_its_own(prob
     numbers = pd.read_csv(out / "probes.csv").fillna({"variant": ""}).set_index(["encoding", "variant"])
     assert numbers.loc[("rope", ""), "window_gap"] == pytest.approx(-0.4)
     assert numbers.loc[("rope", "randpos64"), "window_gap"] == pytest.approx(-0.4)  # its windowed rows found
-    assert numbers.loc[("rope", "randpos64"), "gain_0"] == pytest.approx(0.05)
+    assert numbers.loc[("rope", "randpos64"), "gain_0"] == pytest.approx(0.3)
     summary = (out / "summary.md").read_text()
     assert "| rope |  | 4 | 1 | -0.4000 |" in summary and "| rope | randpos64 | 4 | 1 | -0.4000 |" in summary
 
@@ -149,12 +149,12 @@ def test_copy_numbers_of_a_restricted_vocabulary_stand_apart(probed):
     add_copies_of_few_words(probed / "rope_0", "rope", 0, [0.02, 0.0, 0.0], keep_every_word=False)
     out = report(probed)
     numbers = pd.read_csv(out / "probes.csv").set_index(["encoding", "seed"])
-    assert numbers.loc[("alibi", 0), "gain_0"] == pytest.approx(0.5)  # the every-word rows alone
+    assert numbers.loc[("alibi", 0), "gain_0"] == pytest.approx(5.0)  # the every-word rows alone
     assert numbers.loc[("alibi", 0), "copy_reach"] == 16 and numbers.loc[("alibi", 1), "copy_reach_vocab"] == 64
     assert numbers.loc[("alibi", 0), "gain_0_vocab"] == pytest.approx(2.0)
     assert numbers.loc[("rope", 0), "copy_vocab"] == 128 and math.isnan(numbers.loc[("rope", 0), "gain_0"])
     summary = (out / "summary.md").read_text()
-    assert "| alibi |  | 4 | 2 | 0.450 ± 0.071 | 8 ± 11 | 128 | 1.750 ± 0.354 | 40 ± 34 |" in summary
+    assert "| alibi |  | 4 | 2 | 4.500 ± 0.707 | 8 ± 11 | 128 | 1.750 ± 0.354 | 40 ± 34 |" in summary
     assert "| rope |  | 4 | 1 |  |  | 128 | 0.020 | no_copying |" in summary  # no every-word rows: blank
     assert (out / "copy_probe.png").is_file() and (out / "copy_probe_vocab128.png").stat().st_size > 1000
     copies = pd.read_csv(out / COPY_CSV)  # every run's rows, each with its run's identity

@@ -10,7 +10,7 @@ import pandas as pd
 from ..evaluate import variant_parts
 from ..markdown import markdown_table
 from ..probes.context import effective_context, gain_beyond
-from ..probes.copy import copy_reach
+from ..probes.copy import MIN_COPY_GAIN, copy_reach
 from ..probes.suite import ATTENTION_CSV, CONTEXT_CSV, COPY_CSV
 from .collect import RESULTS, Run
 from .tables import LINE, at_train_len_alone, line_key, trained_variant
@@ -41,8 +41,8 @@ TABLES = [
         "Long-range copy",
         "`gain_0`: nll of a random span's second copy, right after the first, below the baseline's (nats); "
         "`copy_reach`: the largest distance whose gain is at least half of that, over the seeds that copy "
-        "(gain_0 ≥ 0.1; `no_copying` where none does); spans from every word, and (where a run has them) from "
-        "the training split's `probe.vocab` most frequent words.",
+        f"(gain_0 ≥ {MIN_COPY_GAIN:g}; `no_copying` where none does); spans from every word, and (where a run "
+        "has them) from the training split's `probe.vocab` most frequent words.",
         [
             ("gain_0", "gain at d = 0 (nats)", 3),
             ("copy_reach", "copy_reach (tokens)", 0),
