@@ -41,7 +41,12 @@ def test_auto_is_bf16_only_where_bf16_is_native(cpu_flags):
     cpu_flags("amx_bf16")
     assert runtime.resolve_precision("auto", "cpu")[0] == "bf16"
     cpu_flags()
-    assert runtime.resolve_precision("auto", "cuda")[0] == "bf16"
+    assert runtime.resolve_precision("bf16", "cpu") == (
+        "bf16",
+        "precision=bf16, emulated: this CPU has none of avx512_bf16, amx_bf16",
+    )  # asked for, it is what runs; the log says why it is slow
+    assert runtime.resolve_precision("bf16", "cuda") == ("bf16", "precision=bf16")
+    assert runtime.resolve_precision("auto", "cuda") == ("bf16", "precision=auto on CUDA")
     assert (
         runtime.resolve_precision("fp32", "cuda")[0] == "fp32" and runtime.resolve_precision("bf16", "cpu")[0] == "bf16"
     )
@@ -115,6 +120,18 @@ def test_precision_resumes_as_what_it_resolves_to(compose_config, mini_data, cpu
     cfg.precision = "fp32"
     assert config_differences(before_the_key, cfg) == []
     assert config_differences(saved, cfg) == ["precision: bf16 -> fp32"]  # saved auto, resolved here: bf16
+
+
+def test_auto_saved_where_it_was_bf16_is_another_precision_where_it_is_fp32(compose_config, mini_data, cpu_flags):
+    """A checkpoint's ``precision`` says what its ``auto`` computed in on the machine that trained it."""
+    cfg = compose_config("train", ["experiment=smoke", f"data.path={mini_data}", "device=cpu", "precision=auto"])
+    saved = OmegaConf.to_container(cfg, resolve=True)
+    cpu_flags()  # here auto is fp32
+    assert config_differences(saved, cfg, saved_precision="bf16") == ["precision: bf16 -> fp32"]
+    assert config_differences(saved, cfg, saved_precision="fp32") == []
+    cpu_flags("avx512_bf16")  # here auto is bf16
+    assert config_differences(saved, cfg, saved_precision="bf16") == []
+    assert config_differences(saved, cfg, saved_precision="fp32") == ["precision: fp32 -> bf16"]
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import torch
 
+from posbench import runtime, training_run
 from posbench import train as train_module
-from posbench import training_run
 from posbench.checkpoint import CHECKPOINT, RESUME_CHECKPOINT, load_checkpoint
 from posbench.commands.eval import evaluate_checkpoint, register
 from posbench.errors import PosbenchError
@@ -131,6 +131,24 @@ def test_resume_refuses_a_checkpoint_of_another_config(small_config, tmp_path, m
         train(small_config("encoding=rope"), tmp_path)
     with pytest.raises(PosbenchError, match="holds no training state"):  # the best model alone cannot resume training
         train(small_config(f"train.resume={tmp_path / CHECKPOINT}"), tmp_path / "other")
+
+
+@pytest.mark.slow
+def test_a_bf16_run_is_neither_resumed_nor_skipped_where_auto_means_fp32(small_config, tmp_path, monkeypatch):
+
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx512_bf16"})  # the machine that trained: auto is bf16
+    interrupt_at(monkeypatch, call=5)
+    with pytest.raises(PosbenchError, match="stopped by SIGTERM"):
+        train(small_config("precision=auto"), tmp_path)
+    assert load_checkpoint(tmp_path / RESUME_CHECKPOINT)["precision"] == "bf16"
+    monkeypatch.undo()
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: set())  # another machine: auto is fp32 here
+    with pytest.raises(PosbenchError, match=r"last.pt has another config \(precision: bf16 -> fp32\)"):
+        train(small_config("precision=auto"), tmp_path)
+    train(small_config("precision=bf16"), tmp_path)  # asked for what it ran in, it goes on and finishes
+    assert load_checkpoint(tmp_path / CHECKPOINT)["precision"] == "bf16"
+    with pytest.raises(PosbenchError, match=r"holds a finished run that has another config \(precision: bf16 -> fp32"):
+        train(small_config("precision=auto"), tmp_path)  # nor are its bf16 numbers returned as fp32's
 
 
 @pytest.mark.slow

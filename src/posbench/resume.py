@@ -39,20 +39,21 @@ def flatten(tree, prefix: str = "") -> dict:
     return flat
 
 
-def config_differences(saved, current) -> list[str]:
+def config_differences(saved, current, saved_precision: str | None = None) -> list[str]:
     """``key: saved -> current`` for every setting that changes the numbers (RESUME_IGNORED left out).
 
     The saved config is read on today's schema (``config_on_schema``): a key added since it was saved
-    reads as its default, which leaves a run as it was. ``precision`` is compared as resolved on this
-    run's device, so ``auto`` and the precision it picks here are the same setting, and a run saved
-    before the key existed ran in ``legacy_precision``.
+    reads as its default, which leaves a run as it was. ``precision`` is compared as resolved: the
+    current one on this run's device, the saved one as ``saved_precision`` says the run computed (a
+    checkpoint's ``precision``: ``auto`` picks bf16 on one CPU and fp32 on another), else as resolved
+    here; a run saved before the key existed ran in ``legacy_precision``.
     """
     saved = OmegaConf.create(saved)
     a = flatten(OmegaConf.to_container(config_on_schema(saved), resolve=True))
     b = flatten(OmegaConf.to_container(current, resolve=True))
     if "precision" in b:
         device = resolve_device(b["device"])
-        a["precision"] = (
+        a["precision"] = saved_precision or (
             resolve_precision(saved.precision, device)[0] if "precision" in saved else legacy_precision(device)
         )
         b["precision"] = resolve_precision(b["precision"], device)[0]
@@ -68,10 +69,10 @@ def mismatch(what: str, differences: list[str]) -> Refused:
     )
 
 
-def check_same_config(saved, current, what: str) -> None:
+def check_same_config(checkpoint: dict, current, what: str) -> None:
     """Refuse to continue or skip a run saved with another config; ``what`` names the saved run."""
     try:
-        differences = config_differences(saved, current)
+        differences = config_differences(checkpoint["config"], current, checkpoint.get("precision"))
     except PosbenchError as e:  # saved by a version of posbench whose config this one cannot read
         differences = [str(e)]
     if differences:
@@ -87,7 +88,7 @@ def finished_run(cfg: DictConfig, run_dir: Path) -> dict | None:
     if (run_dir / RESUME_CHECKPOINT).is_file():
         return None  # interrupted: a results.csv here was written by `eval`, not by the end of training
     best = load_checkpoint(best_path)
-    check_same_config(best["config"], cfg, f"{run_dir} holds a finished run that")
+    check_same_config(best, cfg, f"{run_dir} holds a finished run that")
     try:
         results = read_csv(results_path)
         results = results[results["run_id"] == model_state(best, best_path).run_id]  # the folder may hold others'
@@ -127,6 +128,7 @@ def resume_state(model, optimizer, scheduler, gen, progress: dict, cfg, vocab) -
     return {
         "model": model.state_dict(),
         "config": OmegaConf.to_container(cfg, resolve=True),
+        "precision": model.precision,  # what ``auto`` resolved to on the machine that trained
         "vocab": vocab,
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
@@ -143,7 +145,7 @@ def restore(path: Path, model, optimizer, scheduler, gen, cfg, vocab) -> dict:
         raise PosbenchError(
             f"checkpoint {path} holds no training state (no {', '.join(missing)}); resume needs a {RESUME_CHECKPOINT}"
         )
-    check_same_config(state["config"], cfg, f"checkpoint {path}")
+    check_same_config(state, cfg, f"checkpoint {path}")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
