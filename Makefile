@@ -41,11 +41,14 @@ quick: ## sweep ENCODINGS (all) with experiment=quick on the shipped slice (DATA
 		hydra.sweep.dir=$(SWEEP_DIR)
 	$(PY) -m posbench report $(SWEEP_DIR)
 
-test: ## the whole test suite, slow end-to-end tests included (what CI runs)
-	$(PY) -m pytest -q
+# one pytest worker per core (pytest-xdist), each with one torch thread: the cores are not oversubscribed
+TEST_ENV := OMP_NUM_THREADS=1
+
+test: ## the whole test suite, slow end-to-end tests included, a worker per core (what CI runs)
+	$(TEST_ENV) $(PY) -m pytest -q -n auto
 
 test-fast: ## the fast tests only
-	$(PY) -m pytest -q -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -q -n auto -m "not slow"
 
 lint: ## ruff: lint and format check (CI runs it before the tests)
 	$(PY) -m ruff check src tests scripts

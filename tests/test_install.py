@@ -103,7 +103,7 @@ def test_make_plans_a_venv_on_a_managed_python(managed_python, clone):
     # an active virtual environment is used as it is: no .venv
     plan = make(clone, "-n", "install", "test", "PYTHON=python3", VIRTUAL_ENV="/somewhere")
     assert "-m venv" not in plan.stdout and "python3 -m pip install -e '.[test]'" in plan.stdout
-    assert "python3 -m pytest -q" in plan.stdout
+    assert "OMP_NUM_THREADS=1 python3 -m pytest -q -n auto" in plan.stdout
 
 
 @pytest.mark.slow
