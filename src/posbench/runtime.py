@@ -112,7 +112,7 @@ def resolve_precision(name: str, device) -> tuple[str, str]:
     on_cpu = torch.device(device).type == "cpu"
     flag = native_bf16_flag() if on_cpu else None
     lacking = f"this CPU has none of {', '.join(NATIVE_BF16_FLAGS)}"
-    if name == "bf16" and on_cpu and not flag:  # said, as a run asked for it may be 100x slower than in fp32
+    if name == "bf16" and on_cpu and not flag:  # said: two orders of magnitude slower than fp32
         return name, f"precision=bf16, emulated: {lacking}"
     if name != "auto":
         return name, f"precision={name}"

@@ -178,8 +178,8 @@ def save_best(run: Run, weights: dict, final: bool) -> None:
     """checkpoint.pt: the best weights so far, their step and run, and whether training has ended."""
     p = run.progress
     best = {"model": weights, "config": OmegaConf.to_container(run.cfg, resolve=True), "vocab": run.vocab}
-    best["precision"] = run.model.precision  # what ``auto`` resolved to here: resume compares with it
-    best.update(step=p.best_step, valid_loss=p.best_val, run_id=p.run_id, final=final)
+    # precision: what ``auto`` resolved to on this machine, which a relaunch elsewhere is compared with
+    best.update(step=p.best_step, valid_loss=p.best_val, run_id=p.run_id, final=final, precision=run.model.precision)
     save_checkpoint(run.run_dir / CHECKPOINT, best)
 
 
