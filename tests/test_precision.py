@@ -47,9 +47,7 @@ def test_auto_is_bf16_only_where_bf16_is_native(cpu_flags):
     )  # asked for, it is what runs; the log says why it is slow
     assert runtime.resolve_precision("bf16", "cuda") == ("bf16", "precision=bf16")
     assert runtime.resolve_precision("auto", "cuda") == ("bf16", "precision=auto on CUDA")
-    assert (
-        runtime.resolve_precision("fp32", "cuda")[0] == "fp32" and runtime.resolve_precision("bf16", "cpu")[0] == "bf16"
-    )
+    assert runtime.resolve_precision("fp32", "cuda")[0] == "fp32"
 
 
 def test_a_bad_precision_is_one_line_at_start_up(compose_config, mini_data):

@@ -135,7 +135,6 @@ def test_resume_refuses_a_checkpoint_of_another_config(small_config, tmp_path, m
 
 @pytest.mark.slow
 def test_a_bf16_run_is_neither_resumed_nor_skipped_where_auto_means_fp32(small_config, tmp_path, monkeypatch):
-
     monkeypatch.setattr(runtime, "cpu_flags", lambda: {"avx512_bf16"})  # the machine that trained: auto is bf16
     interrupt_at(monkeypatch, call=5)
     with pytest.raises(PosbenchError, match="stopped by SIGTERM"):
